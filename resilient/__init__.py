@@ -1,0 +1,88 @@
+"""
+resilient: retries, circuit breakers, timeouts, bulkheads, singleflight and
+locks for Python backends, sync and async, configured by one policy object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resilient._core._backoff import (
+    Constant,
+    Custom,
+    DecorrelatedJitter,
+    EqualJitter,
+    Exponential,
+    FullJitter,
+    schedule,
+)
+from resilient._core._clock import (
+    Deadline,
+    MonotonicClock,
+    checkpoint,
+    deadline,
+    remaining,
+)
+from resilient._core._decisions import RetryEvent
+from resilient._core._hints import default_retry_after, parse_retry_after
+from resilient._core._policy import Policy
+from resilient._core._telemetry import configure_telemetry
+from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
+from resilient.exceptions import (
+    ConfigError,
+    ConfigTypeError,
+    DeadlineExceeded,
+    ResilientError,
+)
+
+
+__all__ = [
+    "Attempt",
+    "ConfigError",
+    "ConfigTypeError",
+    "Constant",
+    "Custom",
+    "Deadline",
+    "DeadlineExceeded",
+    "DecorrelatedJitter",
+    "EqualJitter",
+    "Exponential",
+    "FullJitter",
+    "MonotonicClock",
+    "Policy",
+    "ResilientError",
+    "RetryEvent",
+    "RetryMachine",
+    "Retrying",
+    "checkpoint",
+    "configure_telemetry",
+    "deadline",
+    "default_retry_after",
+    "parse_retry_after",
+    "remaining",
+    "retry",
+    "retrying",
+    "schedule",
+]
+
+
+def _fix_module_names() -> None:
+    """Show public paths (``resilient.Policy``) in reprs and docs."""
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("resilient._"):
+            try:
+                obj.__module__ = "resilient"
+            except (AttributeError, TypeError):  # pragma: no cover
+                pass
+
+
+_fix_module_names()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        import importlib.metadata  # noqa: PLC0415
+
+        return importlib.metadata.version("resilient")
+    raise AttributeError(f"module 'resilient' has no attribute {name!r}")

@@ -1,0 +1,245 @@
+"""
+Backoff strategies and the schedule they produce.
+
+All are pure: given the retry number, the previous delay and a random source,
+they return the next delay. None of them overflows, whatever the retry number:
+``base * 2**n`` is computed with `math.ldexp` only while it is below the cap.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+
+from resilient._core._validate import (
+    field_name,
+    non_negative,
+    positive,
+    to_seconds,
+)
+from resilient.exceptions import ConfigError
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from resilient.typing import Backoff
+
+
+def _cap_not_below_base(
+    inst: Any, attribute: attrs.Attribute[Any], value: float
+) -> None:
+    positive(inst, attribute, value)
+    if value < inst.base:
+        raise ConfigError(
+            field_name(inst, attribute),
+            value,
+            f"must be >= base ({inst.base!r})",
+        )
+
+
+def exponential_ceiling(base: float, cap: float, retry: int) -> float:
+    """
+    ``min(cap, base * 2**retry)`` without overflow for any *retry* >= 0.
+    """
+    # ldexp is exact and only overflows when the result does; past
+    # log2(cap / base) the cap wins, so we never ask it for more.
+    if retry >= 1100 or retry > math.log2(cap / base):
+        return cap
+    return min(cap, math.ldexp(base, retry))
+
+
+_SECONDS = {"converter": to_seconds, "kw_only": True}
+
+
+@final
+@attrs.frozen
+class FullJitter:
+    """
+    Full jitter, the default: uniform in ``[0, min(cap, base * 2**n)]``.
+
+    Spreads retries of many clients over the whole window, which is what
+    keeps a recovering dependency from being hit by synchronised waves
+    (Brooker, "Exponential Backoff And Jitter", AWS Architecture Blog, 2015).
+
+    Args:
+        base: Seconds; the window before the first retry.
+        cap: Seconds; the largest window.
+    """
+
+    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    cap: float = attrs.field(
+        default=5.0, validator=_cap_not_below_base, **_SECONDS
+    )
+
+    def delay(
+        self, retry: int, previous: float, rng: random.Random
+    ) -> float:
+        """Uniform in [0, min(cap, base * 2**retry)]."""
+        return rng.uniform(0.0, exponential_ceiling(self.base, self.cap, retry))
+
+
+@final
+@attrs.frozen
+class EqualJitter:
+    """
+    Equal jitter: half the exponential window fixed, half random.
+
+    ``w = min(cap, base * 2**n)``; the delay is uniform in ``[w/2, w]``.
+    """
+
+    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    cap: float = attrs.field(
+        default=5.0, validator=_cap_not_below_base, **_SECONDS
+    )
+
+    def delay(
+        self, retry: int, previous: float, rng: random.Random
+    ) -> float:
+        """Uniform in [w/2, w] with w = min(cap, base * 2**retry)."""
+        window = exponential_ceiling(self.base, self.cap, retry)
+        return window / 2 + rng.uniform(0.0, window / 2)
+
+
+@final
+@attrs.frozen
+class DecorrelatedJitter:
+    """
+    Decorrelated jitter: uniform in ``[base, 3 * previous]``, capped.
+
+    Each delay depends on the one before, not on the retry number.
+    """
+
+    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    cap: float = attrs.field(
+        default=5.0, validator=_cap_not_below_base, **_SECONDS
+    )
+
+    def delay(
+        self, retry: int, previous: float, rng: random.Random
+    ) -> float:
+        """min(cap, uniform(base, max(base, 3 * previous)))."""
+        high = max(self.base, min(self.cap, previous * 3))
+        return min(self.cap, rng.uniform(self.base, high))
+
+
+@final
+@attrs.frozen
+class Exponential:
+    """
+    Exponential backoff without jitter: ``min(cap, base * 2**n)``.
+
+    Every client waits the same: use it for a single client, never a fleet
+    (the simulator shows the synchronised waves it makes).
+    """
+
+    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    cap: float = attrs.field(
+        default=5.0, validator=_cap_not_below_base, **_SECONDS
+    )
+
+    def delay(
+        self, retry: int, previous: float, rng: random.Random
+    ) -> float:
+        """min(cap, base * 2**retry)."""
+        return exponential_ceiling(self.base, self.cap, retry)
+
+
+@final
+@attrs.frozen
+class Constant:
+    """
+    The same delay before every retry.
+
+    Args:
+        delay: Seconds; zero retries at once.
+    """
+
+    seconds: float = attrs.field(
+        default=1.0, validator=non_negative, **_SECONDS
+    )
+
+    def delay(
+        self, retry: int, previous: float, rng: random.Random
+    ) -> float:
+        """Always `seconds`."""
+        return self.seconds
+
+
+@final
+@attrs.frozen
+class Custom:
+    """
+    A backoff from a plain function of the retry number.
+
+    Args:
+        fn: Called with the retry number (0 for the first retry); returns
+            seconds. A negative or NaN result raises `ValueError` at the
+            retry that produced it.
+    """
+
+    fn: Callable[[int], float] = attrs.field()
+
+    @fn.validator
+    def _check(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        if not callable(value):
+            raise ConfigError(
+                field_name(self, attribute), value, "must be callable"
+            )
+
+    def delay(
+        self, retry: int, previous: float, rng: random.Random
+    ) -> float:
+        """What `fn` returns."""
+        seconds = float(self.fn(retry))
+        if not seconds >= 0:
+            raise ValueError(
+                f"Custom backoff returned {seconds!r} for retry {retry}; "
+                "a delay must be >= 0"
+            )
+        return seconds
+
+
+def iter_delays(
+    backoff: Backoff, *, rng: random.Random | None = None
+) -> Iterator[float]:
+    """
+    The endless sequence of delays *backoff* draws, one per retry.
+
+    Args:
+        backoff: The strategy.
+        rng: The random source; a fresh unseeded one if None.
+    """
+    rng = rng if rng is not None else random.Random()  # noqa: S311
+    previous = 0.0
+    retry = 0
+    while True:
+        previous = backoff.delay(retry, previous, rng)
+        yield previous
+        retry += 1
+
+
+def schedule(
+    backoff: Backoff, retries: int, *, seed: int | None = None
+) -> tuple[float, ...]:
+    """
+    The first *retries* delays of *backoff*, reproducible for a *seed*.
+
+    This is the exact sequence a retry loop with the same seed would sleep;
+    the simulator and the notebooks are built on it.
+
+    Args:
+        backoff: The strategy (a policy's ``backoff``).
+        retries: How many delays.
+        seed: Seed for the jitter; None draws a fresh one.
+
+    .. versionadded:: 26.11.0
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ValueError(f"schedule(retries=...) must be an int >= 0, got {retries!r}")
+    it = iter_delays(backoff, rng=random.Random(seed))  # noqa: S311
+    return tuple(next(it) for _ in range(retries))

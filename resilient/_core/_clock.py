@@ -1,0 +1,289 @@
+"""
+The clock seam and deadlines.
+
+Everything in resilient reads time and waits through a `Clock`, so tests can
+swap in a `FakeClock` and run in virtual time.
+Deadlines are absolute readings of the clock kept in a context variable; they
+nest (an inner deadline can only shrink) and follow tasks and threads that copy
+the context.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import math
+import threading
+import time
+
+from typing import TYPE_CHECKING, Final, final
+
+import anyio
+import anyio.lowlevel
+import attrs
+
+from resilient.exceptions import DeadlineExceeded
+
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from resilient.typing import Clock
+
+
+@final
+class MonotonicClock:
+    """
+    The real clock: `time.monotonic` and real sleeps.
+
+    Wall-clock jumps (NTP, daylight saving, a user's `date -s`) never move it.
+    """
+
+    __slots__ = ()
+
+    def now(self) -> float:
+        """
+        Seconds on the monotonic clock.
+        """
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        """
+        Block the calling thread for *seconds*.
+        """
+        if seconds > 0:
+            time.sleep(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        """
+        Wait *seconds* in the running event loop (asyncio or trio).
+
+        A zero wait is a single checkpoint, so cancellation is still seen.
+        """
+        if seconds > 0:
+            await anyio.sleep(seconds)
+        else:
+            await anyio.lowlevel.checkpoint()
+
+    def __repr__(self) -> str:
+        return "MonotonicClock()"
+
+
+@final
+class FakeClock:
+    """
+    A clock for tests: time stands still until something sleeps or advances it.
+
+    A sleep, sync or async, moves the clock forward by the time asked and
+    returns at once (the async one after a single checkpoint, so other tasks
+    and cancellation still get their turn).
+    Safe to share between threads.
+
+    Args:
+        start: The first reading, in seconds.
+    """
+
+    __slots__ = ("_lock", "_now", "sleeps")
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._lock = threading.Lock()
+        self._now = float(start)
+        self.sleeps: list[float] = []
+        """Every sleep asked of this clock, in order, in seconds."""
+
+    def now(self) -> float:
+        """
+        The current virtual time, in seconds.
+        """
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """
+        Move the clock forward by *seconds* (never backward).
+
+        Raises:
+            ValueError: *seconds* is negative or NaN.
+        """
+        if not seconds >= 0:
+            raise ValueError(
+                f"FakeClock.advance() takes seconds >= 0, got {seconds!r}"
+            )
+        with self._lock:
+            self._now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        """
+        Record the sleep and advance the clock by it, without blocking.
+        """
+        with self._lock:
+            self.sleeps.append(seconds)
+            self._now += max(seconds, 0.0)
+
+    async def asleep(self, seconds: float) -> None:
+        """
+        Record the sleep, advance the clock by it and yield once.
+        """
+        self.sleep(seconds)
+        await anyio.lowlevel.checkpoint()
+
+    def __repr__(self) -> str:
+        return f"FakeClock(now={self._now!r})"
+
+
+DEFAULT_CLOCK: Final = MonotonicClock()
+
+# One process-wide override, not a context variable: a fake clock installed by
+# a test must also be seen by threads the test starts.
+_clock: Clock = DEFAULT_CLOCK
+
+
+def get_clock() -> Clock:
+    """
+    The clock resilient reads now: the real one unless a test swapped it.
+    """
+    return _clock
+
+
+def set_clock(clock: Clock) -> Clock:
+    """
+    Install *clock* for the whole process and return the previous one.
+    """
+    global _clock  # noqa: PLW0603
+    previous, _clock = _clock, clock
+    return previous
+
+
+# The absolute deadline of the current context, on the current clock.
+# `inf` means no deadline.
+_DEADLINE: Final[contextvars.ContextVar[float]] = contextvars.ContextVar(
+    "resilient_deadline", default=math.inf
+)
+
+
+def current_deadline() -> float:
+    """
+    The absolute deadline of the current context, or `math.inf` if none.
+    """
+    return _DEADLINE.get()
+
+
+def remaining() -> float:
+    """
+    Seconds left before the innermost deadline, or `math.inf` if none.
+
+    Never negative: an expired deadline leaves 0.0.
+
+    .. versionadded:: 26.11.0
+    """
+    at = _DEADLINE.get()
+    if at == math.inf:
+        return math.inf
+    return max(0.0, at - _clock.now())
+
+
+def checkpoint() -> None:
+    """
+    Raise `DeadlineExceeded` if the innermost deadline has passed.
+
+    Long-running sync code calls this between steps so that a deadline set
+    further up the stack stops it.
+
+    Raises:
+        DeadlineExceeded: The deadline has passed.
+
+    .. versionadded:: 26.11.0
+    """
+    at = _DEADLINE.get()
+    if at != math.inf and _clock.now() >= at:
+        raise DeadlineExceeded(at)
+
+
+@final
+@attrs.define(eq=False, repr=False)
+class Deadline:
+    """
+    A deadline scope: code inside sees at most *seconds* left.
+
+    Nests: an inner scope can only shrink the time left, never extend it.
+    Propagates through context variables to everything called inside it,
+    including tasks spawned inside it and threads started with a copied
+    context (`anyio.to_thread.run_sync` does this).
+
+    It is cooperative: it does not stop running code by itself.
+    Everything in resilient that waits honours it, and user code asks
+    `remaining()` or calls `checkpoint()`.
+
+    Use `resilient.deadline()` to make one.
+    """
+
+    _seconds: float = attrs.field(alias="seconds")
+    _at: float = attrs.field(init=False, default=math.inf)
+    _token: contextvars.Token[float] | None = attrs.field(
+        init=False, default=None
+    )
+
+    @property
+    def at(self) -> float:
+        """
+        The absolute deadline on the clock, once entered.
+        """
+        return self._at
+
+    def remaining(self) -> float:
+        """
+        Seconds left in this scope, never negative.
+        """
+        return max(0.0, self._at - _clock.now())
+
+    @property
+    def expired(self) -> bool:
+        """
+        Whether this scope's deadline has passed.
+        """
+        return _clock.now() >= self._at
+
+    def __enter__(self) -> Deadline:
+        if self._token is not None:
+            raise RuntimeError("this Deadline is already entered")
+        self._at = min(_DEADLINE.get(), _clock.now() + self._seconds)
+        self._token = _DEADLINE.set(self._at)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is not None:
+            _DEADLINE.reset(self._token)
+            self._token = None
+
+    def __repr__(self) -> str:
+        return f"Deadline(seconds={self._seconds!r}, at={self._at!r})"
+
+
+def deadline(seconds: float | None) -> Deadline:
+    """
+    A scope in which at most *seconds* are left (see `Deadline`).
+
+    Args:
+        seconds: Time allowed from entry, in seconds; `None` adds no limit
+            (an outer deadline still applies).
+
+    Raises:
+        ValueError: *seconds* is negative or NaN.
+
+    .. versionadded:: 26.11.0
+    """
+    if seconds is None:
+        return Deadline(seconds=math.inf)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(
+            f"deadline(seconds=...) must be a number or None, got {seconds!r}"
+        )
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(
+            f"deadline(seconds=...) must be >= 0, got {seconds!r}"
+        )
+    return Deadline(seconds=float(seconds))
+

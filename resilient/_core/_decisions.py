@@ -1,0 +1,67 @@
+"""
+What the state machines decide, and the records they hand to hooks and
+telemetry.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, final
+
+import attrs
+
+
+GiveUpReason = Literal[
+    "not_retryable", "attempts", "budget", "deadline", "retry_budget"
+]
+"""Why a retry loop stopped without success:
+
+- ``not_retryable``: the exception is not transient by the policy;
+- ``attempts``: the attempts ran out;
+- ``budget``: the next attempt could not start within the policy's budget;
+- ``deadline``: ... nor within an enclosing deadline;
+- ``retry_budget``: the dependency's shared retry budget refused a retry.
+"""
+
+
+@final
+@attrs.frozen
+class RetryEvent:
+    """
+    What happened to one attempt, as hooks and telemetry see it.
+
+    Attributes:
+        policy: The policy's name.
+        attempt: The number of the attempt that just ended (1 is the first).
+        elapsed: Seconds since the call started.
+        delay: Seconds until the next attempt; None when giving up.
+        exception: The exception the attempt raised, or None if it returned
+            a value the policy retries on.
+        result: The value the attempt returned, or None.
+        reason: Why resilient gave up, or None when it retries.
+    """
+
+    policy: str
+    attempt: int
+    elapsed: float
+    delay: float | None
+    exception: BaseException | None
+    result: object = None
+    reason: GiveUpReason | None = None
+
+
+@final
+@attrs.frozen
+class Retry:
+    """Wait *delay* seconds, then attempt again."""
+
+    delay: float
+    event: RetryEvent
+
+
+@final
+@attrs.frozen
+class GiveUp:
+    """Stop: re-raise the exception, or return the last result."""
+
+    reason: GiveUpReason
+    event: RetryEvent

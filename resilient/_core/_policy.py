@@ -1,0 +1,260 @@
+"""
+The policy object: one frozen description of how to call a dependency.
+
+A `Policy` is plain data. The stateful parts a policy names (breakers,
+bulkheads, retry budgets) live in registries keyed by the policy's name.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, final
+
+import attrs
+
+from resilient._core._backoff import FullJitter
+from resilient._core._hints import default_retry_after
+from resilient._core._validate import (
+    callable_or_none,
+    field_name,
+    non_negative,
+    positive_int_or_none,
+    positive_or_none,
+    to_seconds,
+)
+from resilient.exceptions import ConfigError, ConfigTypeError
+
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+    from resilient.typing import (
+        AsyncHook,
+        Backoff,
+        ExceptionPredicate,
+        Hook,
+        ResultPredicate,
+        RetryAfter,
+    )
+
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+RetryOn = type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
+
+DEFAULT_RETRY_ON: tuple[type[Exception], ...] = (ConnectionError, TimeoutError)
+
+
+def _retry_on(value: object) -> object:
+    """Let a single exception class stand for a tuple of one."""
+    if isinstance(value, type):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _check_name(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, str):
+        raise ConfigTypeError(field_name(inst, attribute), value, "must be a str")
+    if not value.strip():
+        raise ConfigError(field_name(inst, attribute), value, "must not be empty")
+
+
+def _check_backoff(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not callable(getattr(value, "delay", None)):
+        raise ConfigTypeError(
+            field_name(inst, attribute),
+            value,
+            "must be a backoff strategy (an object with a delay() method, "
+            "such as resilient.FullJitter())",
+        )
+
+
+def _check_retry_on(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+    name = field_name(inst, attribute)
+    if isinstance(value, tuple):
+        for item in value:
+            if not (isinstance(item, type) and issubclass(item, BaseException)):
+                raise ConfigTypeError(
+                    name, item, "must hold exception classes"
+                )
+            if not issubclass(item, Exception):
+                raise ConfigError(
+                    name,
+                    item,
+                    "must hold Exception subclasses: cancellation, "
+                    "KeyboardInterrupt and SystemExit are never retried",
+                )
+        return
+    if not callable(value):
+        raise ConfigTypeError(
+            name, value, "must be exception classes or a predicate"
+        )
+
+
+def _check_hook(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+    callable_or_none(inst, attribute, value)
+
+
+def _check_attempts(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+    positive_int_or_none(inst, attribute, value)
+
+
+@final
+@attrs.frozen(kw_only=True, repr=False)
+class Policy:
+    """
+    How to call one dependency: attempts, backoff, budget, timeouts, and what
+    counts as transient.
+
+    Frozen and validated at construction: a bad value raises `ConfigError`
+    (a `ValueError`) or `ConfigTypeError` (also a `TypeError`) naming the
+    field and the value. Make variants with `evolve`.
+
+    A policy is also a decorator: ``@policy`` applies everything it
+    describes, sync or async.
+
+    Args:
+        name: The dependency's name. Names spans and metrics, and later the
+            breaker, bulkhead and retry budget the policy shares with every
+            other policy of that name.
+        attempts: Total attempts, the first one included. None means no
+            limit other than *budget* (which then must be set).
+        backoff: The wait before each retry.
+        budget: Seconds for the whole call, attempts and waits included;
+            None for no limit (then *attempts* must be set). No wait is
+            started that would end past it, and each attempt's *timeout* is
+            clipped to what is left. An enclosing `resilient.deadline`
+            shortens it further.
+        timeout: Seconds for one attempt, or None. Async attempts are
+            cancelled when it passes; sync attempts see it through
+            `resilient.remaining` and `resilient.checkpoint`.
+        retry_on: Which exceptions are transient: exception classes (a tuple
+            or a single class) or a predicate over the exception.
+        retry_if_result: A predicate over a returned value: retry while it
+            returns True. When attempts run out, the last value is returned.
+        retry_after: Reads a server's wait hint (``Retry-After``) from an
+            exception; when it returns seconds they replace the backoff delay
+            for that retry, clamped to *max_retry_after*. None ignores hints.
+        max_retry_after: Seconds; the largest server hint honoured.
+        before_sleep: Called with a `RetryEvent` before each wait. Async
+            hooks are awaited in async code and refused on sync functions.
+            A hook that raises is logged and changes nothing.
+        on_give_up: Called with a `RetryEvent` when resilient gives up.
+
+    Defaults follow common practice for calls to remote APIs: 4 attempts,
+    full jitter from 0.2 s capped at 5 s, a 30 s budget, and retries on
+    `ConnectionError` and `TimeoutError` only.
+
+    .. versionadded:: 26.11.0
+    """
+
+    name: str = attrs.field(default="default", validator=_check_name)
+    attempts: int | None = attrs.field(default=4, validator=_check_attempts)
+    backoff: Backoff = attrs.field(factory=FullJitter, validator=_check_backoff)
+    budget: float | None = attrs.field(
+        default=30.0, converter=to_seconds, validator=positive_or_none
+    )
+    timeout: float | None = attrs.field(
+        default=None, converter=to_seconds, validator=positive_or_none
+    )
+    retry_on: tuple[type[Exception], ...] | ExceptionPredicate = attrs.field(
+        default=DEFAULT_RETRY_ON, converter=_retry_on, validator=_check_retry_on
+    )
+    retry_if_result: ResultPredicate | None = attrs.field(
+        default=None, validator=callable_or_none
+    )
+    retry_after: RetryAfter | None = attrs.field(
+        default=default_retry_after, validator=callable_or_none
+    )
+    max_retry_after: float = attrs.field(
+        default=60.0, converter=to_seconds, validator=non_negative
+    )
+    before_sleep: Hook | AsyncHook | None = attrs.field(
+        default=None, validator=_check_hook
+    )
+    on_give_up: Hook | AsyncHook | None = attrs.field(
+        default=None, validator=_check_hook
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.attempts is None and self.budget is None:
+            raise ConfigError(
+                "Policy.attempts",
+                None,
+                "may only be None (unbounded) when Policy.budget is set",
+            )
+
+    @property
+    def has_async_hooks(self) -> bool:
+        """Whether a hook is a coroutine function (async code only)."""
+        return any(
+            inspect.iscoroutinefunction(h)
+            for h in (self.before_sleep, self.on_give_up)
+        )
+
+    def evolve(self, **changes: Unpack[PolicyChanges]) -> Policy:
+        """
+        A copy with *changes* applied and validated again.
+
+        Example:
+            >>> import resilient
+            >>> base = resilient.Policy(name="payments")
+            >>> base.evolve(attempts=2).attempts
+            2
+        """
+        return attrs.evolve(self, **changes)
+
+    def __call__(self, fn: Callable[_P, _T], /) -> Callable[_P, _T]:
+        """
+        Apply the whole policy to *fn* (sync or async): ``@policy``.
+        """
+        from resilient._retry import retry  # noqa: PLC0415
+
+        return retry(self)(fn)
+
+    def __repr__(self) -> str:
+        shown = []
+        for a in attrs.fields(Policy):
+            value = getattr(self, a.name)
+            if a.name == "name" or value != _DEFAULTS[a.name]:
+                shown.append(f"{a.alias}={_short(value)}")
+        return f"Policy({', '.join(shown)})"
+
+
+def _short(value: object) -> str:
+    name = getattr(value, "__qualname__", None)
+    if callable(value) and isinstance(name, str) and not isinstance(value, type):
+        return name
+    if isinstance(value, tuple):
+        inner = ", ".join(_short(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, type):
+        return value.__qualname__
+    return repr(value)
+
+
+class PolicyChanges(TypedDict, total=False):
+    """The keyword arguments `Policy.evolve` takes, typed."""
+
+    name: str
+    attempts: int | None
+    backoff: Backoff
+    budget: float | dt.timedelta | None
+    timeout: float | dt.timedelta | None
+    retry_on: RetryOn
+    retry_if_result: ResultPredicate | None
+    retry_after: RetryAfter | None
+    max_retry_after: float | dt.timedelta
+    before_sleep: Hook | AsyncHook | None
+    on_give_up: Hook | AsyncHook | None
+
+
+_DEFAULTS: dict[str, object] = {
+    a.name: (a.default.factory() if isinstance(a.default, attrs.Factory) else a.default)  # type: ignore[arg-type,misc]
+    for a in attrs.fields(Policy)
+}

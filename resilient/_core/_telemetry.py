@@ -1,0 +1,253 @@
+"""
+OpenTelemetry spans and metrics, through the API only.
+
+The SDK is the user's choice. Until a tracer or meter provider is configured
+(globally, or for resilient with `configure_telemetry`), the shells skip
+telemetry entirely: one attribute read per call, no span objects.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+from typing import TYPE_CHECKING, Final, final
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics as otel_metrics
+from opentelemetry import trace as otel_trace
+from opentelemetry.trace import Status, StatusCode
+
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
+    from resilient._core._decisions import RetryEvent
+
+
+SCOPE: Final = "resilient"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("resilient")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+        return "0"
+
+
+@final
+class _Instruments:
+    """The metric instruments, made once per meter."""
+
+    __slots__ = ("attempts", "delay", "give_ups", "retries")
+
+    def __init__(self, meter: Meter) -> None:
+        self.attempts: Counter = meter.create_counter(
+            "resilient.attempts",
+            unit="{attempt}",
+            description="Attempts started, first ones included.",
+        )
+        self.retries: Counter = meter.create_counter(
+            "resilient.retries",
+            unit="{retry}",
+            description="Retries scheduled after a transient failure.",
+        )
+        self.give_ups: Counter = meter.create_counter(
+            "resilient.give_ups",
+            unit="{call}",
+            description="Calls that failed after retrying stopped.",
+        )
+        self.delay: Histogram = meter.create_histogram(
+            "resilient.retry.delay",
+            unit="s",
+            description="Waits before retries.",
+        )
+
+
+@final
+class _Telemetry:
+    """Resolves the tracer and instruments lazily, then caches them."""
+
+    __slots__ = ("_checked_env", "instruments", "meter_provider", "tracer",
+                 "tracer_provider")
+
+    def __init__(self) -> None:
+        self.tracer_provider: TracerProvider | None = None
+        self.meter_provider: MeterProvider | None = None
+        self.tracer: Tracer | None = None
+        self.instruments: _Instruments | None = None
+        self._checked_env = False
+
+    def resolve(self) -> tuple[Tracer | None, _Instruments | None]:
+        """The tracer and instruments, or None where nothing is configured."""
+        if not self._checked_env:
+            # Providers named in environment variables load on first use.
+            otel_trace.get_tracer_provider()
+            otel_metrics.get_meter_provider()
+            self._checked_env = True
+        if self.tracer is None:
+            provider = self.tracer_provider or getattr(
+                otel_trace, "_TRACER_PROVIDER", None
+            )
+            if provider is not None:
+                self.tracer = provider.get_tracer(SCOPE, _version())
+        if self.instruments is None:
+            meters = self.meter_provider or getattr(
+                otel_metrics._internal,  # noqa: SLF001
+                "_METER_PROVIDER",
+                None,
+            )
+            if meters is not None:
+                self.instruments = _Instruments(
+                    meters.get_meter(SCOPE, _version())
+                )
+        return self.tracer, self.instruments
+
+
+TELEMETRY: Final = _Telemetry()
+
+
+def configure_telemetry(
+    *,
+    tracer_provider: TracerProvider | None = None,
+    meter_provider: MeterProvider | None = None,
+) -> None:
+    """
+    Send resilient's spans and metrics to these providers instead of the
+    global ones.
+
+    Call with no arguments to go back to the global providers.
+
+    Args:
+        tracer_provider: Where spans go; None for the global provider.
+        meter_provider: Where metrics go; None for the global provider.
+
+    .. versionadded:: 26.11.0
+    """
+    TELEMETRY.tracer_provider = tracer_provider
+    TELEMETRY.meter_provider = meter_provider
+    TELEMETRY.tracer = None
+    TELEMETRY.instruments = None
+
+
+def recorder(policy: str) -> CallRecorder | None:
+    """A recorder for one call, or None when no telemetry is configured."""
+    t = TELEMETRY
+    tracer, instruments = (
+        (t.tracer, t.instruments)
+        if t.tracer is not None and t.instruments is not None
+        else t.resolve()
+    )
+    if tracer is None and instruments is None:
+        return None
+    return CallRecorder(policy, tracer, instruments)
+
+
+def _fail(span: Span, exc: BaseException) -> None:
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+
+
+@final
+class CallRecorder:
+    """
+    The spans and metrics of one call: a span for the call and a child span
+    per attempt, which is current while the attempt runs.
+    """
+
+    __slots__ = ("_attempt", "_ctx", "_instruments", "_labels", "_name",
+                 "_span", "_token", "_tracer")
+
+    def __init__(
+        self,
+        policy: str,
+        tracer: Tracer | None,
+        instruments: _Instruments | None,
+    ) -> None:
+        self._name = policy
+        self._labels = {"resilient.policy": policy}
+        self._tracer = tracer
+        self._instruments = instruments
+        self._span: Span | None = None
+        self._attempt: Span | None = None
+        self._token: object = None
+        if tracer is not None:
+            self._span = tracer.start_span(policy, attributes=self._labels)
+            self._ctx = otel_trace.set_span_in_context(self._span)
+
+    def attempt_started(self, number: int) -> None:
+        """Open the attempt's span and make it current."""
+        if self._instruments is not None:
+            self._instruments.attempts.add(1, self._labels)
+        if self._tracer is not None:
+            self._attempt = self._tracer.start_span(
+                f"{self._name} attempt",
+                context=self._ctx,
+                attributes={**self._labels, "resilient.attempt": number},
+            )
+            self._token = otel_context.attach(
+                otel_trace.set_span_in_context(self._attempt)
+            )
+
+    def attempt_ended(self, exc: BaseException | None) -> None:
+        """Close the attempt's span, recording *exc* if it failed."""
+        span, self._attempt = self._attempt, None
+        if span is None:
+            return
+        otel_context.detach(self._token)  # type: ignore[arg-type]
+        if exc is not None:
+            _fail(span, exc)
+        else:
+            span.set_status(Status(StatusCode.OK))
+        span.end()
+
+    def retrying(self, event: RetryEvent) -> None:
+        """A retry is scheduled: an event on the call span and metrics."""
+        delay = event.delay or 0.0
+        if self._instruments is not None:
+            self._instruments.retries.add(1, self._labels)
+            self._instruments.delay.record(delay, self._labels)
+        if self._span is not None:
+            self._span.add_event(
+                "resilient.retry",
+                {
+                    "resilient.attempt": event.attempt,
+                    "resilient.delay": delay,
+                    "exception.type": _type_name(event.exception),
+                },
+            )
+
+    def gave_up(self, event: RetryEvent) -> None:
+        """Retrying stopped: an event on the call span and a metric."""
+        reason = event.reason or "not_retryable"
+        if self._instruments is not None:
+            self._instruments.give_ups.add(
+                1, {**self._labels, "resilient.reason": reason}
+            )
+        if self._span is not None:
+            self._span.add_event(
+                "resilient.give_up",
+                {
+                    "resilient.attempt": event.attempt,
+                    "resilient.reason": reason,
+                    "resilient.elapsed": event.elapsed,
+                },
+            )
+
+    def ended(self, exc: BaseException | None, attempts: int) -> None:
+        """Close the call's span (and a dangling attempt span, if any)."""
+        if self._attempt is not None:
+            self.attempt_ended(exc)
+        span, self._span = self._span, None
+        if span is None:
+            return
+        span.set_attribute("resilient.attempts", attempts)
+        if exc is not None:
+            _fail(span, exc)
+        else:
+            span.set_status(Status(StatusCode.OK))
+        span.end()
+
+
+def _type_name(exc: BaseException | None) -> str:
+    return "" if exc is None else type(exc).__qualname__

@@ -1,0 +1,143 @@
+"""
+Converters and validators shared by every configuration class.
+
+Each error names the field (``Class.field``) and the refused value.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+
+from typing import TYPE_CHECKING, Any
+
+from resilient.exceptions import ConfigError, ConfigTypeError
+
+
+if TYPE_CHECKING:
+    import attrs
+
+
+def field_name(inst: object, attribute: attrs.Attribute[Any]) -> str:
+    """
+    The name a user wrote: the class and the keyword, not the private name.
+    """
+    return f"{type(inst).__name__}.{attribute.alias}"
+
+
+def to_seconds(value: object) -> object:
+    """
+    Accept `datetime.timedelta` and ints for durations; leave the rest alone.
+
+    The validator that follows rejects what is still not a float, so this
+    never raises on its own.
+    """
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def check_number(
+    inst: object,
+    attribute: attrs.Attribute[Any],
+    value: object,
+    *,
+    minimum: float = 0.0,
+    strict: bool = False,
+    allow_none: bool = False,
+) -> None:
+    """
+    A finite float, >= (or > when *strict*) *minimum*, or None if allowed.
+    """
+    name = field_name(inst, attribute)
+    if value is None:
+        if allow_none:
+            return
+        raise ConfigTypeError(name, value, "must be a number of seconds")
+    if isinstance(value, bool) or not isinstance(value, float):
+        raise ConfigTypeError(name, value, "must be a number")
+    if math.isnan(value) or math.isinf(value):
+        hint = " (use None for no limit)" if allow_none else ""
+        raise ConfigError(name, value, f"must be finite{hint}")
+    if strict and value <= minimum:
+        raise ConfigError(name, value, f"must be > {minimum:g}")
+    if value < minimum:
+        raise ConfigError(name, value, f"must be >= {minimum:g}")
+
+
+def non_negative(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """A finite number of seconds, zero allowed."""
+    check_number(inst, attribute, value)
+
+
+def positive(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """A finite number > 0."""
+    check_number(inst, attribute, value, strict=True)
+
+
+def positive_or_none(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """A finite number > 0, or None for no limit."""
+    check_number(inst, attribute, value, strict=True, allow_none=True)
+
+
+def check_int(
+    inst: object,
+    attribute: attrs.Attribute[Any],
+    value: object,
+    *,
+    minimum: int = 1,
+    allow_none: bool = False,
+) -> None:
+    """
+    An int (never a bool) >= *minimum*, or None if allowed.
+    """
+    name = field_name(inst, attribute)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigTypeError(name, value, "must be an int")
+    if value < minimum:
+        raise ConfigError(name, value, f"must be >= {minimum}")
+
+
+def positive_int(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """An int >= 1."""
+    check_int(inst, attribute, value)
+
+
+def positive_int_or_none(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """An int >= 1, or None for no limit."""
+    check_int(inst, attribute, value, allow_none=True)
+
+
+def callable_or_none(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """A callable, or None."""
+    if value is not None and not callable(value):
+        raise ConfigTypeError(
+            field_name(inst, attribute), value, "must be callable or None"
+        )
+
+
+def probability(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """A float in [0, 1]."""
+    check_number(inst, attribute, value)
+    if value > 1.0:  # type: ignore[operator]
+        raise ConfigError(
+            field_name(inst, attribute), value, "must be <= 1.0"
+        )

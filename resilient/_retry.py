@@ -1,0 +1,696 @@
+"""
+Retry: one pure state machine and the shells that carry out its decisions.
+
+`RetryMachine` decides (retry after N seconds, or give up) from outcomes and
+the clock; it never sleeps. `_Call` binds a machine to one call's telemetry
+and deadline. The four shells below (decorator sync/async, block form
+sync/async) only run the call, wait and run hooks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+
+from resilient._core import _clock, _state
+from resilient._core._decisions import GiveUp, Retry, RetryEvent
+from resilient._core._decorate import decorate
+from resilient._core._policy import Policy
+from resilient._core._telemetry import recorder
+from resilient.exceptions import ConfigTypeError, DeadlineExceeded
+
+
+if TYPE_CHECKING:
+    import random
+
+    from collections.abc import AsyncIterator, Callable, Iterator
+    from types import TracebackType
+
+    from resilient._core._telemetry import CallRecorder
+    from resilient.typing import Clock
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+log: Final = logging.getLogger("resilient")
+
+
+@final
+class RetryMachine:
+    """
+    The decisions of one retrying call, and nothing else.
+
+    Fed the outcome of each attempt and reading the clock, it answers
+    `Retry` (with the delay) or `GiveUp` (with the reason). Pure but for the
+    jitter it draws from *rng*.
+
+    Args:
+        policy: The policy.
+        clock: Where time is read.
+        rng: The jitter's random source.
+        start: When the call started, on *clock*.
+        deadline: The absolute time no attempt may start at or after: the
+            earlier of the policy's budget and any enclosing deadline.
+    """
+
+    __slots__ = (
+        "_budget_end",
+        "_max_attempts",
+        "_previous",
+        "_testing",
+        "attempt",
+        "clock",
+        "deadline",
+        "policy",
+        "rng",
+        "start",
+    )
+
+    def __init__(
+        self,
+        policy: Policy,
+        clock: Clock,
+        rng: random.Random,
+        start: float,
+        deadline: float = math.inf,
+    ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.rng = rng
+        self.start = start
+        self._budget_end = (
+            start + policy.budget if policy.budget is not None else math.inf
+        )
+        self.deadline = min(deadline, self._budget_end)
+        self.attempt = 1
+        """The number of the attempt in progress; 1 is the first."""
+        self._previous = 0.0
+        testing = _state.testing
+        self._testing = testing.active
+        limit = policy.attempts if policy.attempts is not None else math.inf
+        if testing.active and testing.attempts is not None:
+            limit = min(limit, testing.attempts)
+        self._max_attempts = limit
+
+    def attempt_deadline(self) -> float:
+        """The absolute deadline of the attempt about to start."""
+        timeout = self.policy.timeout
+        if timeout is None:
+            return self.deadline
+        return min(self.deadline, self.clock.now() + timeout)
+
+    def is_transient(self, exc: Exception) -> bool:
+        """Whether the policy retries *exc*."""
+        retry_on = self.policy.retry_on
+        if isinstance(retry_on, tuple):
+            return isinstance(exc, retry_on)
+        return bool(retry_on(exc))
+
+    def on_error(self, exc: BaseException) -> Retry | GiveUp:
+        """
+        The attempt raised *exc*: retry it or give up.
+
+        Only `Exception`s are ever retried; cancellation, `KeyboardInterrupt`
+        and `SystemExit` give up at once.
+        """
+        if not isinstance(exc, Exception) or not self.is_transient(exc):
+            return GiveUp("not_retryable", self._event(exc, None, None, "not_retryable"))
+        reader = self.policy.retry_after
+        hint = reader(exc) if reader is not None else None
+        return self._next(exc, None, hint)
+
+    def on_result(self, value: object) -> Retry | GiveUp | None:
+        """
+        The attempt returned *value*: None accepts it, else retry or give up.
+        """
+        check = self.policy.retry_if_result
+        if check is None or not check(value):
+            return None
+        return self._next(None, value, None)
+
+    def _next(
+        self, exc: Exception | None, result: object, hint: float | None
+    ) -> Retry | GiveUp:
+        if self.attempt >= self._max_attempts:
+            return GiveUp("attempts", self._event(exc, result, None, "attempts"))
+        if self._testing:
+            delay = 0.0
+        elif hint is not None:
+            delay = min(max(hint, 0.0), self.policy.max_retry_after)
+        else:
+            delay = self.policy.backoff.delay(
+                self.attempt - 1, self._previous, self.rng
+            )
+        # Never start a wait that ends at or past the deadline: the attempt
+        # after it would have no time left.
+        if self.clock.now() + delay >= self.deadline:
+            reason: Any = (
+                "budget" if self.deadline == self._budget_end else "deadline"
+            )
+            return GiveUp(reason, self._event(exc, result, None, reason))
+        event = self._event(exc, result, delay, None)
+        self._previous = delay
+        self.attempt += 1
+        return Retry(delay, event)
+
+    def _event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float | None,
+        reason: Any,
+    ) -> RetryEvent:
+        return RetryEvent(
+            policy=self.policy.name,
+            attempt=self.attempt,
+            elapsed=self.clock.now() - self.start,
+            delay=delay,
+            exception=exc,
+            result=result,
+            reason=reason,
+        )
+
+
+def _note(exc: BaseException, step: GiveUp) -> None:
+    e = step.event
+    if step.reason == "not_retryable" and e.attempt == 1:
+        return  # A plain failure of a first attempt: nothing to add.
+    exc.add_note(
+        f"resilient: gave up on {e.policy!r} after {e.attempt} "
+        f"attempt{'s' if e.attempt != 1 else ''} in {e.elapsed:.3f}s "
+        f"({step.reason.replace('_', ' ')})"
+    )
+
+
+@final
+class _Call:
+    """
+    One call's loop state, shared by all four shells: the clock, the lazily
+    made machine, the telemetry recorder and the deadline context variable.
+    """
+
+    __slots__ = ("_machine", "_outer", "_rec", "_start", "_token", "clock",
+                 "policy")
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.clock = _clock.get_clock()
+        self._start = self.clock.now()
+        self._outer = _clock.current_deadline()
+        self._machine: RetryMachine | None = None
+        self._rec: CallRecorder | None = recorder(policy.name)
+        self._token: Any = None
+
+    @property
+    def machine(self) -> RetryMachine:
+        """The machine, made on first use so a first success costs less."""
+        m = self._machine
+        if m is None:
+            m = self._machine = RetryMachine(
+                self.policy, self.clock, _state.rng, self._start, self._outer
+            )
+        return m
+
+    @property
+    def attempt(self) -> int:
+        """The number of the attempt in progress."""
+        return 1 if self._machine is None else self._machine.attempt
+
+    def begin(self) -> float:
+        """Start an attempt; returns its absolute deadline."""
+        if self._machine is None and self.policy.timeout is None:
+            budget = self.policy.budget
+            at = min(
+                self._outer,
+                self._start + budget if budget is not None else math.inf,
+            )
+        else:
+            at = self.machine.attempt_deadline()
+        if self._rec is not None:
+            self._rec.attempt_started(self.attempt)
+        self._token = _clock._DEADLINE.set(at)  # noqa: SLF001
+        return at
+
+    def _end_attempt(self, exc: BaseException | None) -> None:
+        _clock._DEADLINE.reset(self._token)  # noqa: SLF001
+        if self._rec is not None:
+            self._rec.attempt_ended(exc)
+
+    def failed(self, exc: BaseException) -> Retry | GiveUp:
+        """The attempt raised: decide, record, annotate on give-up."""
+        self._end_attempt(exc)
+        step = self.machine.on_error(exc)
+        if isinstance(step, GiveUp):
+            if isinstance(exc, Exception):
+                _note(exc, step)
+                if self._rec is not None:
+                    self._rec.gave_up(step.event)
+            self.finish(exc)
+        elif self._rec is not None:
+            self._rec.retrying(step.event)
+        return step
+
+    def returned(self, value: object) -> Retry | GiveUp | None:
+        """The attempt returned: accept, retry or give up (keeping it)."""
+        self._end_attempt(None)
+        if self.policy.retry_if_result is None:
+            self.finish(None)
+            return None
+        step = self.machine.on_result(value)
+        if self._rec is not None and step is not None:
+            if isinstance(step, GiveUp):
+                self._rec.gave_up(step.event)
+            else:
+                self._rec.retrying(step.event)
+        if not isinstance(step, Retry):
+            self.finish(None)
+        return step
+
+    def finish(self, exc: BaseException | None) -> None:
+        """Close the call's telemetry (idempotent)."""
+        rec, self._rec = self._rec, None
+        if rec is not None:
+            rec.ended(exc, self.attempt)
+
+    def cancel_scope(self, at: float) -> anyio.CancelScope | _NoScope:
+        """A cancel scope for an async attempt ending at *at* (our clock)."""
+        if at == math.inf:
+            return _NO_SCOPE
+        left = at - self.clock.now()
+        return anyio.CancelScope(deadline=anyio.current_time() + left)
+
+
+@final
+class _NoScope:
+    """Null object for an attempt with no deadline: a cancel scope costs
+    about 5 us on asyncio, more than the rest of the call."""
+
+    __slots__ = ()
+    cancelled_caught = False
+
+    def __enter__(self) -> _NoScope:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NO_SCOPE: Final = _NoScope()
+
+
+def _observable(event: RetryEvent) -> bool:
+    """Hooks hear of failures, never of cancellation or interrupts."""
+    return event.exception is None or isinstance(event.exception, Exception)
+
+
+def _hook(hook: Callable[[RetryEvent], object] | None, event: RetryEvent) -> None:
+    """Run a sync hook; a hook that raises is logged and changes nothing."""
+    if hook is not None and _observable(event):
+        try:
+            hook(event)
+        except Exception:
+            log.exception("resilient: hook %r raised; ignored", hook)
+
+
+async def _ahook(hook: Callable[[RetryEvent], object] | None, event: RetryEvent) -> None:
+    """Run a hook from async code, awaiting it if it is async."""
+    if hook is not None and _observable(event):
+        try:
+            result = hook(event)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("resilient: hook %r raised; ignored", hook)
+
+
+def _timed_out(at: float) -> DeadlineExceeded:
+    return DeadlineExceeded(at, "attempt deadline")
+
+
+# The shells. Each one runs the call, carries out the step the machine
+# decided, and nothing else. The sync and async twins differ only in
+# `await`, the cancel scope and how they wait.
+
+
+def _call_sync(
+    policy: Policy,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    call = _Call(policy)
+    while True:
+        call.begin()
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            step = call.failed(exc)
+            if isinstance(step, GiveUp):
+                _hook(policy.on_give_up, step.event)
+                raise
+        else:
+            step = call.returned(result)
+            if not isinstance(step, Retry):
+                if step is not None:
+                    _hook(policy.on_give_up, step.event)
+                return result
+        _hook(policy.before_sleep, step.event)
+        if step.delay > 0:
+            call.clock.sleep(step.delay)
+
+
+async def _call_async(
+    policy: Policy,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    call = _Call(policy)
+    while True:
+        at = call.begin()
+        try:
+            with call.cancel_scope(at) as scope:
+                result = await fn(*args, **kwargs)
+            if scope.cancelled_caught:
+                raise _timed_out(at)
+        except BaseException as exc:
+            step = call.failed(exc)
+            if isinstance(step, GiveUp):
+                await _ahook(policy.on_give_up, step.event)
+                raise
+        else:
+            step = call.returned(result)
+            if not isinstance(step, Retry):
+                if step is not None:
+                    await _ahook(policy.on_give_up, step.event)
+                return result
+        await _ahook(policy.before_sleep, step.event)
+        await _async_wait(call.clock, step.delay)
+
+
+async def _async_wait(clock: Clock, delay: float) -> None:
+    """Wait *delay*; a zero wait is one checkpoint and no timer."""
+    if delay > 0:
+        await clock.asleep(delay)
+    else:
+        await anyio.lowlevel.checkpoint()
+
+
+def _refuse_async_hooks(policy: Policy) -> Callable[[Callable[..., Any]], None]:
+    def check(fn: Callable[..., Any]) -> None:
+        if policy.has_async_hooks:
+            raise ConfigTypeError(
+                "Policy.before_sleep/on_give_up",
+                fn,
+                f"of policy {policy.name!r} are async, which a sync "
+                "function cannot await",
+            )
+
+    return check
+
+
+def retry(policy: Policy, /) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """
+    A decorator that retries a function as *policy* says.
+
+    Works on sync and async functions (detected from the function), methods,
+    class methods and static methods, and keeps their signatures.
+
+    Gives up by re-raising the last exception itself, with a note of the
+    attempts, elapsed time and policy name; when attempts run out on a
+    result the policy retries on, returns that last result.
+
+    Args:
+        policy: What to retry, how often, how long to wait.
+
+    Raises:
+        ConfigTypeError: *policy* is not a `Policy`, or it has async hooks
+            and the function is sync.
+
+    Example:
+        >>> import resilient
+        >>> @resilient.retry(resilient.Policy(name="flaky", attempts=3))
+        ... def fetch() -> str:
+        ...     return "ok"
+        >>> fetch()
+        'ok'
+
+    .. versionadded:: 26.11.0
+    """
+    if not isinstance(policy, Policy):
+        raise ConfigTypeError("retry(policy)", policy, "must be a resilient.Policy")
+
+    def sync_shell(
+        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        return _call_sync(policy, fn, args, kwargs)
+
+    async def async_shell(
+        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        return await _call_async(policy, fn, args, kwargs)
+
+    def decorator(fn: Callable[P, T]) -> Callable[P, T]:
+        return decorate(
+            fn, sync_shell, async_shell, check_sync=_refuse_async_hooks(policy)
+        )
+
+    return decorator
+
+
+@final
+class Attempt:
+    """
+    One attempt of the block form: enter it with ``with`` (or ``async with``
+    in async code) around the code to retry.
+
+    An exception the policy retries is swallowed and the loop goes on; any
+    other exception, or the last one, propagates out of the loop with a note.
+    In async code the attempt is cancelled at its deadline, which raises
+    `DeadlineExceeded`.
+    """
+
+    __slots__ = ("_async", "_at", "_call", "_entered", "_result", "_scope",
+                 "_step", "number")
+
+    def __init__(self, call: _Call, *, is_async: bool) -> None:
+        self._call = call
+        self._async = is_async
+        self.number = call.attempt
+        """The attempt's number: 1 is the first."""
+        self._entered = False
+        self._result: object = None
+        self._step: Retry | GiveUp | None = None
+        self._scope: anyio.CancelScope | _NoScope = _NO_SCOPE
+        self._at = math.inf
+
+    def __repr__(self) -> str:
+        return f"<Attempt {self.number} of {self._call.policy.name!r}>"
+
+    def remaining(self) -> float:
+        """Seconds left for this attempt (`math.inf` if unbounded)."""
+        if self._at == math.inf:
+            return math.inf
+        return max(0.0, self._at - self._call.clock.now())
+
+    def set_result(self, value: object) -> None:
+        """
+        Hand the block's result to the policy's ``retry_if_result``: when it
+        asks for a retry, the loop goes on.
+        """
+        self._result = value
+
+    def _enter(self) -> Attempt:
+        if self._entered:
+            raise RuntimeError("an Attempt can be entered only once")
+        self._entered = True
+        self._at = self._call.begin()
+        if self._async:
+            self._scope = self._call.cancel_scope(self._at)
+            self._scope.__enter__()
+        return self
+
+    def _settle(
+        self, exc: BaseException | None
+    ) -> tuple[Retry | GiveUp | None, BaseException | None, bool]:
+        """The step, the exception that counts, and whether we replaced it."""
+        replaced = False
+        if self._scope is not _NO_SCOPE:
+            self._scope.__exit__(
+                type(exc) if exc else None,
+                exc,
+                exc.__traceback__ if exc else None,
+            )
+            if self._scope.cancelled_caught:
+                exc = _timed_out(self._at)
+                replaced = True
+        if exc is None:
+            self._step = self._call.returned(self._result)
+        else:
+            self._step = self._call.failed(exc)
+        return self._step, exc, replaced
+
+    @staticmethod
+    def _finish(
+        step: Retry | GiveUp | None, exc: BaseException | None, replaced: bool
+    ) -> bool:
+        if isinstance(step, Retry):
+            return exc is not None  # Swallow what we retry.
+        if replaced:
+            raise exc  # type: ignore[misc]
+        return False
+
+    def __enter__(self) -> Attempt:
+        if self._async and self._call.policy.has_async_hooks:
+            raise TypeError(
+                f"policy {self._call.policy.name!r} has async hooks: "
+                "enter attempts with `async with attempt:`"
+            )
+        return self._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        step, err, replaced = self._settle(exc)
+        if isinstance(step, GiveUp):
+            _hook(self._call.policy.on_give_up, step.event)
+        return self._finish(step, err, replaced)
+
+    async def __aenter__(self) -> Attempt:
+        return self._enter()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        step, err, replaced = self._settle(exc)
+        if isinstance(step, GiveUp):
+            await _ahook(self._call.policy.on_give_up, step.event)
+        return self._finish(step, err, replaced)
+
+
+@final
+class _Attempts:
+    """The iterator of the block form; one per loop."""
+
+    __slots__ = ("_async", "_call", "_last", "_policy")
+
+    def __init__(self, policy: Policy, *, is_async: bool) -> None:
+        self._policy = policy
+        self._async = is_async
+        self._call: _Call | None = None
+        self._last: Attempt | None = None
+
+    def _advance(self) -> Retry | None:
+        """None to start; the pending retry; or raise _Stop."""
+        last = self._last
+        if last is None:
+            self._call = _Call(self._policy)
+            return None
+        if not last._entered:  # noqa: SLF001
+            raise RuntimeError(
+                "each attempt must be entered: `with attempt:` "
+                "(or `async with attempt:`)"
+            )
+        step = last._step  # noqa: SLF001
+        if isinstance(step, Retry):
+            return step
+        raise _Stop
+
+    def _new(self) -> Attempt:
+        assert self._call is not None  # noqa: S101
+        self._last = Attempt(self._call, is_async=self._async)
+        return self._last
+
+    def __iter__(self) -> Iterator[Attempt]:
+        return self
+
+    def __next__(self) -> Attempt:
+        try:
+            step = self._advance()
+        except _Stop:
+            raise StopIteration from None
+        if step is not None:
+            _hook(self._policy.before_sleep, step.event)
+            if step.delay > 0:
+                self._call.clock.sleep(step.delay)  # type: ignore[union-attr]
+        return self._new()
+
+    def __aiter__(self) -> AsyncIterator[Attempt]:
+        return self
+
+    async def __anext__(self) -> Attempt:
+        try:
+            step = self._advance()
+        except _Stop:
+            raise StopAsyncIteration from None
+        if step is not None:
+            await _ahook(self._policy.before_sleep, step.event)
+            await _async_wait(self._call.clock, step.delay)  # type: ignore[union-attr]
+        return self._new()
+
+
+class _Stop(Exception):  # noqa: N818
+    """The loop is over (success, or a kept result)."""
+
+
+@final
+class Retrying:
+    """
+    The block form of retry, for code that is not a function.
+
+    Iterate it with ``for`` in sync code and ``async for`` in async code; each
+    item is an `Attempt` to enter around the code::
+
+        for attempt in resilient.retrying(policy):
+            with attempt:
+                response = client.get(url)
+
+        async for attempt in resilient.retrying(policy):
+            async with attempt:
+                response = await client.get(url)
+
+    Same semantics as `retry`. Each iteration starts a fresh call, so one
+    `Retrying` can be iterated many times.
+
+    .. versionadded:: 26.11.0
+    """
+
+    __slots__ = ("policy",)
+
+    def __init__(self, policy: Policy, /) -> None:
+        if not isinstance(policy, Policy):
+            raise ConfigTypeError(
+                "retrying(policy)", policy, "must be a resilient.Policy"
+            )
+        self.policy = policy
+
+    def __repr__(self) -> str:
+        return f"retrying({self.policy!r})"
+
+    def __iter__(self) -> Iterator[Attempt]:
+        if self.policy.has_async_hooks:
+            raise ConfigTypeError(
+                "Policy.before_sleep/on_give_up",
+                self.policy,
+                "are async, which a sync `for` loop cannot await",
+            )
+        return _Attempts(self.policy, is_async=False)
+
+    def __aiter__(self) -> AsyncIterator[Attempt]:
+        return _Attempts(self.policy, is_async=True)
+
+
+retrying = Retrying

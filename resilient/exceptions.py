@@ -1,0 +1,65 @@
+"""
+The exceptions resilient raises.
+
+resilient never wraps the exception of a call it gave up on: it re-raises that
+exception itself, with a note.
+The exceptions here are for what resilient itself decides: bad configuration,
+a deadline that passed, and later a breaker that is open or a bulkhead that is
+full.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+
+__all__ = [
+    "ConfigError",
+    "ConfigTypeError",
+    "DeadlineExceeded",
+    "ResilientError",
+]
+
+
+class ResilientError(Exception):
+    """
+    Base class of every exception resilient raises on its own account.
+    """
+
+
+class ConfigError(ResilientError, ValueError):
+    """
+    A setting has a value that makes no sense; raised at construction.
+
+    Attributes:
+        field: The qualified name of the setting, like ``"Policy.attempts"``.
+        value: The value that was refused.
+    """
+
+    def __init__(self, field: str, value: object, why: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"{field} {why}, got {value!r}")
+
+
+@final
+class ConfigTypeError(ConfigError, TypeError):
+    """
+    A setting has the wrong type (``True`` for an int included).
+    """
+
+
+class DeadlineExceeded(ResilientError, TimeoutError):
+    """
+    A deadline or timeout passed before the work finished.
+
+    A subclass of the built-in `TimeoutError`, so code that already catches
+    timeouts catches it, and the default retry policy treats it as transient.
+
+    Attributes:
+        deadline: The absolute deadline on resilient's clock, in seconds.
+    """
+
+    def __init__(self, deadline: float, what: str = "deadline") -> None:
+        self.deadline = deadline
+        super().__init__(f"{what} exceeded")
