@@ -12,7 +12,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
 
 import anyio
@@ -28,7 +27,6 @@ from resilient.exceptions import ConfigTypeError, DeadlineExceeded
 
 if TYPE_CHECKING:
     import random
-
     from collections.abc import AsyncIterator, Callable, Iterator
     from types import TracebackType
 
@@ -121,7 +119,9 @@ class RetryMachine:
         and `SystemExit` give up at once.
         """
         if not isinstance(exc, Exception) or not self.is_transient(exc):
-            return GiveUp("not_retryable", self._event(exc, None, None, "not_retryable"))
+            return GiveUp(
+                "not_retryable", self._event(exc, None, None, "not_retryable")
+            )
         reader = self.policy.retry_after
         hint = reader(exc) if reader is not None else None
         return self._next(exc, None, hint)
@@ -139,7 +139,9 @@ class RetryMachine:
         self, exc: Exception | None, result: object, hint: float | None
     ) -> Retry | GiveUp:
         if self.attempt >= self._max_attempts:
-            return GiveUp("attempts", self._event(exc, result, None, "attempts"))
+            return GiveUp(
+                "attempts", self._event(exc, result, None, "attempts")
+            )
         if self._testing:
             delay = 0.0
         elif hint is not None:
@@ -196,8 +198,15 @@ class _Call:
     made machine, the telemetry recorder and the deadline context variable.
     """
 
-    __slots__ = ("_machine", "_outer", "_rec", "_start", "_token", "clock",
-                 "policy")
+    __slots__ = (
+        "_machine",
+        "_outer",
+        "_rec",
+        "_start",
+        "_token",
+        "clock",
+        "policy",
+    )
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
@@ -310,7 +319,9 @@ def _observable(event: RetryEvent) -> bool:
     return event.exception is None or isinstance(event.exception, Exception)
 
 
-def _hook(hook: Callable[[RetryEvent], object] | None, event: RetryEvent) -> None:
+def _hook(
+    hook: Callable[[RetryEvent], object] | None, event: RetryEvent
+) -> None:
     """Run a sync hook; a hook that raises is logged and changes nothing."""
     if hook is not None and _observable(event):
         try:
@@ -319,7 +330,9 @@ def _hook(hook: Callable[[RetryEvent], object] | None, event: RetryEvent) -> Non
             log.exception("resilient: hook %r raised; ignored", hook)
 
 
-async def _ahook(hook: Callable[[RetryEvent], object] | None, event: RetryEvent) -> None:
+async def _ahook(
+    hook: Callable[[RetryEvent], object] | None, event: RetryEvent
+) -> None:
     """Run a hook from async code, awaiting it if it is async."""
     if hook is not None and _observable(event):
         try:
@@ -356,11 +369,12 @@ def _call_sync(
                 _hook(policy.on_give_up, step.event)
                 raise
         else:
-            step = call.returned(result)
-            if not isinstance(step, Retry):
-                if step is not None:
-                    _hook(policy.on_give_up, step.event)
+            outcome = call.returned(result)
+            if not isinstance(outcome, Retry):
+                if outcome is not None:
+                    _hook(policy.on_give_up, outcome.event)
                 return result
+            step = outcome
         _hook(policy.before_sleep, step.event)
         if step.delay > 0:
             call.clock.sleep(step.delay)
@@ -386,11 +400,12 @@ async def _call_async(
                 await _ahook(policy.on_give_up, step.event)
                 raise
         else:
-            step = call.returned(result)
-            if not isinstance(step, Retry):
-                if step is not None:
-                    await _ahook(policy.on_give_up, step.event)
+            outcome = call.returned(result)
+            if not isinstance(outcome, Retry):
+                if outcome is not None:
+                    await _ahook(policy.on_give_up, outcome.event)
                 return result
+            step = outcome
         await _ahook(policy.before_sleep, step.event)
         await _async_wait(call.clock, step.delay)
 
@@ -403,7 +418,9 @@ async def _async_wait(clock: Clock, delay: float) -> None:
         await anyio.lowlevel.checkpoint()
 
 
-def _refuse_async_hooks(policy: Policy) -> Callable[[Callable[..., Any]], None]:
+def _refuse_async_hooks(
+    policy: Policy,
+) -> Callable[[Callable[..., Any]], None]:
     def check(fn: Callable[..., Any]) -> None:
         if policy.has_async_hooks:
             raise ConfigTypeError(
@@ -445,7 +462,9 @@ def retry(policy: Policy, /) -> Callable[[Callable[P, T]], Callable[P, T]]:
     .. versionadded:: 26.11.0
     """
     if not isinstance(policy, Policy):
-        raise ConfigTypeError("retry(policy)", policy, "must be a resilient.Policy")
+        raise ConfigTypeError(
+            "retry(policy)", policy, "must be a resilient.Policy"
+        )
 
     def sync_shell(
         fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -477,8 +496,16 @@ class Attempt:
     `DeadlineExceeded`.
     """
 
-    __slots__ = ("_async", "_at", "_call", "_entered", "_result", "_scope",
-                 "_step", "number")
+    __slots__ = (
+        "_async",
+        "_at",
+        "_call",
+        "_entered",
+        "_result",
+        "_scope",
+        "_step",
+        "number",
+    )
 
     def __init__(self, call: _Call, *, is_async: bool) -> None:
         self._call = call

@@ -10,7 +10,6 @@ Helpers for the test suites of code that uses resilient.
 from __future__ import annotations
 
 import random
-
 from typing import TYPE_CHECKING, final
 
 from resilient._core import _clock, _state
@@ -67,7 +66,9 @@ def set_testing(testing: bool, *, attempts: int | None = None) -> _Restore:
     .. versionadded:: 26.11.0
     """
     if not isinstance(testing, bool):
-        raise ConfigTypeError("set_testing(testing)", testing, "must be a bool")
+        raise ConfigTypeError(
+            "set_testing(testing)", testing, "must be a bool"
+        )
     if attempts is not None and (
         isinstance(attempts, bool) or not isinstance(attempts, int)
     ):

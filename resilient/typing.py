@@ -46,9 +46,7 @@ class Backoff(Protocol):
     Implement `delay` to write your own; it must be pure but for *rng*.
     """
 
-    def delay(
-        self, retry: int, previous: float, rng: random.Random
-    ) -> float:
+    def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """
         Seconds to wait before retry number *retry* (0 for the first retry).
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -53,9 +52,6 @@ def exponential_ceiling(base: float, cap: float, retry: int) -> float:
     return min(cap, math.ldexp(base, retry))
 
 
-_SECONDS = {"converter": to_seconds, "kw_only": True}
-
-
 @final
 @attrs.frozen
 class FullJitter:
@@ -71,16 +67,21 @@ class FullJitter:
         cap: Seconds; the largest window.
     """
 
-    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    base: float = attrs.field(
+        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+    )
     cap: float = attrs.field(
-        default=5.0, validator=_cap_not_below_base, **_SECONDS
+        default=5.0,
+        validator=_cap_not_below_base,
+        converter=to_seconds,
+        kw_only=True,
     )
 
-    def delay(
-        self, retry: int, previous: float, rng: random.Random
-    ) -> float:
+    def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """Uniform in [0, min(cap, base * 2**retry)]."""
-        return rng.uniform(0.0, exponential_ceiling(self.base, self.cap, retry))
+        return rng.uniform(
+            0.0, exponential_ceiling(self.base, self.cap, retry)
+        )
 
 
 @final
@@ -92,14 +93,17 @@ class EqualJitter:
     ``w = min(cap, base * 2**n)``; the delay is uniform in ``[w/2, w]``.
     """
 
-    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    base: float = attrs.field(
+        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+    )
     cap: float = attrs.field(
-        default=5.0, validator=_cap_not_below_base, **_SECONDS
+        default=5.0,
+        validator=_cap_not_below_base,
+        converter=to_seconds,
+        kw_only=True,
     )
 
-    def delay(
-        self, retry: int, previous: float, rng: random.Random
-    ) -> float:
+    def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """Uniform in [w/2, w] with w = min(cap, base * 2**retry)."""
         window = exponential_ceiling(self.base, self.cap, retry)
         return window / 2 + rng.uniform(0.0, window / 2)
@@ -114,14 +118,17 @@ class DecorrelatedJitter:
     Each delay depends on the one before, not on the retry number.
     """
 
-    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    base: float = attrs.field(
+        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+    )
     cap: float = attrs.field(
-        default=5.0, validator=_cap_not_below_base, **_SECONDS
+        default=5.0,
+        validator=_cap_not_below_base,
+        converter=to_seconds,
+        kw_only=True,
     )
 
-    def delay(
-        self, retry: int, previous: float, rng: random.Random
-    ) -> float:
+    def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """min(cap, uniform(base, max(base, 3 * previous)))."""
         high = max(self.base, min(self.cap, previous * 3))
         return min(self.cap, rng.uniform(self.base, high))
@@ -137,14 +144,17 @@ class Exponential:
     (the simulator shows the synchronised waves it makes).
     """
 
-    base: float = attrs.field(default=0.2, validator=positive, **_SECONDS)
+    base: float = attrs.field(
+        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+    )
     cap: float = attrs.field(
-        default=5.0, validator=_cap_not_below_base, **_SECONDS
+        default=5.0,
+        validator=_cap_not_below_base,
+        converter=to_seconds,
+        kw_only=True,
     )
 
-    def delay(
-        self, retry: int, previous: float, rng: random.Random
-    ) -> float:
+    def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """min(cap, base * 2**retry)."""
         return exponential_ceiling(self.base, self.cap, retry)
 
@@ -156,16 +166,14 @@ class Constant:
     The same delay before every retry.
 
     Args:
-        delay: Seconds; zero retries at once.
+        seconds: The delay; zero retries at once.
     """
 
     seconds: float = attrs.field(
-        default=1.0, validator=non_negative, **_SECONDS
+        default=1.0, validator=non_negative, converter=to_seconds, kw_only=True
     )
 
-    def delay(
-        self, retry: int, previous: float, rng: random.Random
-    ) -> float:
+    def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """Always `seconds`."""
         return self.seconds
 
@@ -191,9 +199,7 @@ class Custom:
                 field_name(self, attribute), value, "must be callable"
             )
 
-    def delay(
-        self, retry: int, previous: float, rng: random.Random
-    ) -> float:
+    def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """What `fn` returns."""
         seconds = float(self.fn(retry))
         if not seconds >= 0:
@@ -214,7 +220,7 @@ def iter_delays(
         backoff: The strategy.
         rng: The random source; a fresh unseeded one if None.
     """
-    rng = rng if rng is not None else random.Random()  # noqa: S311
+    rng = rng if rng is not None else random.Random()
     previous = 0.0
     retry = 0
     while True:
@@ -239,7 +245,9 @@ def schedule(
 
     .. versionadded:: 26.11.0
     """
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise ValueError(f"schedule(retries=...) must be an int >= 0, got {retries!r}")
-    it = iter_delays(backoff, rng=random.Random(seed))  # noqa: S311
+    if isinstance(retries, bool) or retries < 0:
+        raise ValueError(
+            f"schedule(retries=...) must be an int >= 0, got {retries!r}"
+        )
+    it = iter_delays(backoff, rng=random.Random(seed))
     return tuple(next(it) for _ in range(retries))

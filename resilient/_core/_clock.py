@@ -14,7 +14,6 @@ import contextvars
 import math
 import threading
 import time
-
 from typing import TYPE_CHECKING, Final, final
 
 import anyio
@@ -147,7 +146,7 @@ def set_clock(clock: Clock) -> Clock:
     """
     Install *clock* for the whole process and return the previous one.
     """
-    global _clock  # noqa: PLW0603
+    global _clock
     previous, _clock = _clock, clock
     return previous
 
@@ -286,4 +285,3 @@ def deadline(seconds: float | None) -> Deadline:
             f"deadline(seconds=...) must be >= 0, got {seconds!r}"
         )
     return Deadline(seconds=float(seconds))
-

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar, cast
 
@@ -24,7 +23,9 @@ from typing import Any, ParamSpec, TypeVar, cast
 P = ParamSpec("P")
 T = TypeVar("T")
 
-SyncShell = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+SyncShell = Callable[
+    [Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any
+]
 AsyncShell = Callable[
     [Callable[..., Awaitable[Any]], tuple[Any, ...], dict[str, Any]],
     Awaitable[Any],
@@ -62,7 +63,9 @@ def decorate(
             that only make sense in async code.
     """
     if isinstance(fn, classmethod | staticmethod):
-        inner = decorate(fn.__func__, sync_shell, async_shell, check_sync=check_sync)
+        inner = decorate(
+            fn.__func__, sync_shell, async_shell, check_sync=check_sync
+        )
         return cast("Callable[P, T]", type(fn)(inner))
     if not callable(fn):
         raise TypeError(f"expected a callable to decorate, got {fn!r}")
@@ -70,7 +73,7 @@ def decorate(
     if is_async_callable(fn):
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return await async_shell(fn, args, kwargs)
+            return await async_shell(fn, args, kwargs)  # type: ignore[arg-type]
 
         wrapper: Callable[..., Any] = async_wrapper
     else:

@@ -8,11 +8,12 @@ import datetime as dt
 import email.utils
 import math
 import time
-
 from collections.abc import Mapping
 
 
-def parse_retry_after(value: object, *, now: float | None = None) -> float | None:
+def parse_retry_after(
+    value: object, *, now: float | None = None
+) -> float | None:
     """
     Seconds to wait from a hint, or None if there is no usable hint.
 

@@ -8,9 +8,16 @@ bulkheads, retry budgets) live in registries keyed by the policy's name.
 from __future__ import annotations
 
 import inspect
-
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar, Unpack, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ParamSpec,
+    TypedDict,
+    TypeVar,
+    Unpack,
+    final,
+)
 
 import attrs
 
@@ -43,7 +50,9 @@ if TYPE_CHECKING:
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
-RetryOn = type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
+RetryOn = (
+    type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
+)
 
 DEFAULT_RETRY_ON: tuple[type[Exception], ...] = (ConnectionError, TimeoutError)
 
@@ -57,14 +66,22 @@ def _retry_on(value: object) -> object:
     return value
 
 
-def _check_name(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+def _check_name(
+    inst: Policy, attribute: attrs.Attribute[Any], value: object
+) -> None:
     if not isinstance(value, str):
-        raise ConfigTypeError(field_name(inst, attribute), value, "must be a str")
+        raise ConfigTypeError(
+            field_name(inst, attribute), value, "must be a str"
+        )
     if not value.strip():
-        raise ConfigError(field_name(inst, attribute), value, "must not be empty")
+        raise ConfigError(
+            field_name(inst, attribute), value, "must not be empty"
+        )
 
 
-def _check_backoff(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+def _check_backoff(
+    inst: Policy, attribute: attrs.Attribute[Any], value: object
+) -> None:
     if not callable(getattr(value, "delay", None)):
         raise ConfigTypeError(
             field_name(inst, attribute),
@@ -74,11 +91,15 @@ def _check_backoff(inst: Policy, attribute: attrs.Attribute[Any], value: object)
         )
 
 
-def _check_retry_on(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+def _check_retry_on(
+    inst: Policy, attribute: attrs.Attribute[Any], value: object
+) -> None:
     name = field_name(inst, attribute)
     if isinstance(value, tuple):
         for item in value:
-            if not (isinstance(item, type) and issubclass(item, BaseException)):
+            if not (
+                isinstance(item, type) and issubclass(item, BaseException)
+            ):
                 raise ConfigTypeError(
                     name, item, "must hold exception classes"
                 )
@@ -96,11 +117,15 @@ def _check_retry_on(inst: Policy, attribute: attrs.Attribute[Any], value: object
         )
 
 
-def _check_hook(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+def _check_hook(
+    inst: Policy, attribute: attrs.Attribute[Any], value: object
+) -> None:
     callable_or_none(inst, attribute, value)
 
 
-def _check_attempts(inst: Policy, attribute: attrs.Attribute[Any], value: object) -> None:
+def _check_attempts(
+    inst: Policy, attribute: attrs.Attribute[Any], value: object
+) -> None:
     positive_int_or_none(inst, attribute, value)
 
 
@@ -155,7 +180,9 @@ class Policy:
 
     name: str = attrs.field(default="default", validator=_check_name)
     attempts: int | None = attrs.field(default=4, validator=_check_attempts)
-    backoff: Backoff = attrs.field(factory=FullJitter, validator=_check_backoff)
+    backoff: Backoff = attrs.field(
+        factory=FullJitter, validator=_check_backoff
+    )
     budget: float | None = attrs.field(
         default=30.0, converter=to_seconds, validator=positive_or_none
     )
@@ -163,7 +190,9 @@ class Policy:
         default=None, converter=to_seconds, validator=positive_or_none
     )
     retry_on: tuple[type[Exception], ...] | ExceptionPredicate = attrs.field(
-        default=DEFAULT_RETRY_ON, converter=_retry_on, validator=_check_retry_on
+        default=DEFAULT_RETRY_ON,
+        converter=_retry_on,
+        validator=_check_retry_on,
     )
     retry_if_result: ResultPredicate | None = attrs.field(
         default=None, validator=callable_or_none
@@ -228,7 +257,11 @@ class Policy:
 
 def _short(value: object) -> str:
     name = getattr(value, "__qualname__", None)
-    if callable(value) and isinstance(name, str) and not isinstance(value, type):
+    if (
+        callable(value)
+        and isinstance(name, str)
+        and not isinstance(value, type)
+    ):
         return name
     if isinstance(value, tuple):
         inner = ", ".join(_short(v) for v in value)
@@ -254,7 +287,12 @@ class PolicyChanges(TypedDict, total=False):
     on_give_up: Hook | AsyncHook | None
 
 
+def _default(a: attrs.Attribute[Any]) -> object:
+    d: Any = a.default
+    factory = getattr(d, "factory", None)
+    return factory() if callable(factory) else d
+
+
 _DEFAULTS: dict[str, object] = {
-    a.name: (a.default.factory() if isinstance(a.default, attrs.Factory) else a.default)  # type: ignore[arg-type,misc]
-    for a in attrs.fields(Policy)
+    a.name: _default(a) for a in attrs.fields(Policy)
 }

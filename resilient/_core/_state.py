@@ -8,7 +8,6 @@ flips is also seen by the threads and tasks it starts.
 from __future__ import annotations
 
 import random
-
 from typing import Final, final
 
 import attrs
@@ -35,4 +34,4 @@ OFF: Final = TestingMode()
 testing: TestingMode = OFF
 
 # Jitter draws from this one source; `resilient.testing.seed()` re-seeds it.
-rng: Final = random.Random()  # noqa: S311
+rng: Final = random.Random()

@@ -9,7 +9,6 @@ telemetry entirely: one attribute read per call, no span objects.
 from __future__ import annotations
 
 import importlib.metadata
-
 from typing import TYPE_CHECKING, Final, final
 
 from opentelemetry import context as otel_context
@@ -68,8 +67,13 @@ class _Instruments:
 class _Telemetry:
     """Resolves the tracer and instruments lazily, then caches them."""
 
-    __slots__ = ("_checked_env", "instruments", "meter_provider", "tracer",
-                 "tracer_provider")
+    __slots__ = (
+        "_checked_env",
+        "instruments",
+        "meter_provider",
+        "tracer",
+        "tracer_provider",
+    )
 
     def __init__(self) -> None:
         self.tracer_provider: TracerProvider | None = None
@@ -155,8 +159,16 @@ class CallRecorder:
     per attempt, which is current while the attempt runs.
     """
 
-    __slots__ = ("_attempt", "_ctx", "_instruments", "_labels", "_name",
-                 "_span", "_token", "_tracer")
+    __slots__ = (
+        "_attempt",
+        "_ctx",
+        "_instruments",
+        "_labels",
+        "_name",
+        "_span",
+        "_token",
+        "_tracer",
+    )
 
     def __init__(
         self,

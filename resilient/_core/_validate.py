@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-
 from typing import TYPE_CHECKING, Any
 
 from resilient.exceptions import ConfigError, ConfigTypeError
@@ -138,6 +137,4 @@ def probability(
     """A float in [0, 1]."""
     check_number(inst, attribute, value)
     if value > 1.0:  # type: ignore[operator]
-        raise ConfigError(
-            field_name(inst, attribute), value, "must be <= 1.0"
-        )
+        raise ConfigError(field_name(inst, attribute), value, "must be <= 1.0")
