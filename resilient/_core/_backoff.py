@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 
@@ -20,7 +20,7 @@ from resilient._core._validate import (
     positive,
     to_seconds,
 )
-from resilient.exceptions import ConfigError
+from resilient.exceptions import ConfigError, ConfigTypeError
 
 
 if TYPE_CHECKING:
@@ -41,15 +41,23 @@ def _cap_not_below_base(
         )
 
 
+# Every positive float lies in [2**-1074, 2**1024): past this many doublings
+# even the smallest base is above the largest cap.
+_ALWAYS_CAPPED: Final = 2100
+
+
 def exponential_ceiling(base: float, cap: float, retry: int) -> float:
     """
     ``min(cap, base * 2**retry)`` without overflow for any *retry* >= 0.
     """
-    # ldexp is exact and only overflows when the result does; past
-    # log2(cap / base) the cap wins, so we never ask it for more.
-    if retry >= 1100 or retry > math.log2(cap / base):
+    if retry >= _ALWAYS_CAPPED:
         return cap
-    return min(cap, math.ldexp(base, retry))
+    # ldexp is exact, and only overflows when base * 2**retry exceeds the
+    # largest float, which is then above the cap too.
+    try:
+        return min(cap, math.ldexp(base, retry))
+    except OverflowError:
+        return cap
 
 
 @final
@@ -116,6 +124,10 @@ class DecorrelatedJitter:
     Decorrelated jitter: uniform in ``[base, 3 * previous]``, capped.
 
     Each delay depends on the one before, not on the retry number.
+    Before the first retry *previous* counts as *base*, so the first delay
+    is already uniform in ``[base, 3 * base]`` and a fleet does not retry in
+    one wave (Brooker's ``sleep = min(cap, random_between(base, sleep * 3))``
+    starting from ``sleep = base``).
     """
 
     base: float = attrs.field(
@@ -129,8 +141,8 @@ class DecorrelatedJitter:
     )
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
-        """min(cap, uniform(base, max(base, 3 * previous)))."""
-        high = max(self.base, min(self.cap, previous * 3))
+        """min(cap, uniform(base, 3 * max(base, previous)))."""
+        high = min(self.cap, max(self.base, previous) * 3)
         return min(self.cap, rng.uniform(self.base, high))
 
 
@@ -186,8 +198,8 @@ class Custom:
 
     Args:
         fn: Called with the retry number (0 for the first retry); returns
-            seconds. A negative or NaN result raises `ValueError` at the
-            retry that produced it.
+            seconds. A result that is negative, NaN or infinite raises
+            `ValueError` at the retry that produced it.
     """
 
     fn: Callable[[int], float] = attrs.field()
@@ -195,17 +207,17 @@ class Custom:
     @fn.validator
     def _check(self, attribute: attrs.Attribute[Any], value: object) -> None:
         if not callable(value):
-            raise ConfigError(
+            raise ConfigTypeError(
                 field_name(self, attribute), value, "must be callable"
             )
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
-        """What `fn` returns."""
+        """What `fn` returns, checked to be a finite number >= 0."""
         seconds = float(self.fn(retry))
-        if not seconds >= 0:
+        if not 0 <= seconds < math.inf:
             raise ValueError(
                 f"Custom backoff returned {seconds!r} for retry {retry}; "
-                "a delay must be >= 0"
+                "a delay must be finite and >= 0"
             )
         return seconds
 
@@ -243,11 +255,19 @@ def schedule(
         retries: How many delays.
         seed: Seed for the jitter; None draws a fresh one.
 
+    Raises:
+        TypeError: *retries* is not an int (a bool included).
+        ValueError: *retries* is negative.
+
     .. versionadded:: 26.11.0
     """
-    if isinstance(retries, bool) or retries < 0:
+    if isinstance(retries, bool) or not isinstance(retries, int):
+        raise TypeError(
+            f"schedule(retries=...) must be an int, got {retries!r}"
+        )
+    if retries < 0:
         raise ValueError(
-            f"schedule(retries=...) must be an int >= 0, got {retries!r}"
+            f"schedule(retries=...) must be >= 0, got {retries!r}"
         )
     it = iter_delays(backoff, rng=random.Random(seed))
     return tuple(next(it) for _ in range(retries))

@@ -18,10 +18,11 @@ def parse_retry_after(
     Seconds to wait from a hint, or None if there is no usable hint.
 
     Accepts a number of seconds, a `datetime.timedelta`, a `datetime.datetime`
-    or a ``Retry-After`` header value: delay-seconds (``"120"``) or an
-    HTTP-date (``"Wed, 21 Oct 2015 07:28:00 GMT"``, RFC 9110 section
-    10.2.3). A date in the past gives 0.0; garbage, NaN and negative numbers
-    give None.
+    or a ``Retry-After`` header value (`str` or `bytes`): delay-seconds
+    (``"120"``) or an HTTP-date (``"Wed, 21 Oct 2015 07:28:00 GMT"``, RFC 9110
+    section 10.2.3). A date in the past gives 0.0; garbage, NaN, infinite and
+    negative values give None. A naive `datetime.datetime` is taken as UTC,
+    the zone every HTTP-date is in.
 
     Args:
         value: The hint.
@@ -31,19 +32,16 @@ def parse_retry_after(
         return None
     if isinstance(value, dt.timedelta):
         value = value.total_seconds()
-    if isinstance(value, int | float):
-        seconds = float(value)
-        return seconds if seconds >= 0 and not math.isinf(seconds) else None
     if isinstance(value, bytes):
         value = value.decode("latin-1")
     if isinstance(value, str):
-        text = value.strip()
-        if text.isdigit():
-            return float(text)
+        value = _parse_header(value.strip())
+    if isinstance(value, int | float):
         try:
-            value = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
+            seconds = float(value)
+        except OverflowError:  # An int beyond any float: no usable hint.
             return None
+        return seconds if 0 <= seconds < math.inf else None
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
@@ -52,14 +50,36 @@ def parse_retry_after(
     return None
 
 
+# Longer digit strings are far beyond any float (and int() limits them).
+_MAX_DIGITS = 400
+
+
+def _parse_header(text: str) -> object:
+    """A header value as an int, an infinity, a datetime, or None."""
+    # RFC 9110 delay-seconds is ASCII digits only ("²".isdigit() is true).
+    if text.isascii() and text.isdigit():
+        return int(text) if len(text) <= _MAX_DIGITS else math.inf
+    try:
+        return email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+
+
 def _header(headers: object) -> object:
     if isinstance(headers, Mapping):
         for key in ("Retry-After", "retry-after"):
             if key in headers:
                 return headers[key]
+        # A plain dict is case-sensitive; header names are not.
+        for key, value in headers.items():
+            if isinstance(key, str | bytes) and key.lower() in _NAMES:
+                return value
         return None
     get = getattr(headers, "get", None)
     return get("Retry-After") if callable(get) else None
+
+
+_NAMES = ("retry-after", b"retry-after")
 
 
 def default_retry_after(exc: Exception) -> float | None:
@@ -68,15 +88,15 @@ def default_retry_after(exc: Exception) -> float | None:
 
     Looks, in order, at ``exc.retry_after``; at ``exc.headers``; and at
     ``exc.response.headers`` (httpx's `HTTPStatusError`, requests'
-    `HTTPError`), for a ``Retry-After`` value. See `parse_retry_after`.
+    `HTTPError`), for a ``Retry-After`` value; the first place that has one
+    wins. See `parse_retry_after`.
 
     .. versionadded:: 26.11.0
     """
     hint = getattr(exc, "retry_after", None)
     if hint is None:
-        headers = getattr(exc, "headers", None)
-        if headers is None:
-            headers = getattr(getattr(exc, "response", None), "headers", None)
-        if headers is not None:
-            hint = _header(headers)
+        hint = _header(getattr(exc, "headers", None))
+    if hint is None:
+        response = getattr(exc, "response", None)
+        hint = _header(getattr(response, "headers", None))
     return parse_retry_after(hint)

@@ -29,12 +29,16 @@ def to_seconds(value: object) -> object:
     Accept `datetime.timedelta` and ints for durations; leave the rest alone.
 
     The validator that follows rejects what is still not a float, so this
-    never raises on its own.
+    never raises on its own: an int too large for a float becomes an
+    infinity, which the validator refuses as not finite.
     """
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
     return value
 
 
