@@ -182,7 +182,7 @@ class Constant:
     """
 
     seconds: float = attrs.field(
-        default=1.0, validator=non_negative, converter=to_seconds, kw_only=True
+        default=1.0, validator=non_negative, converter=to_seconds
     )
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
