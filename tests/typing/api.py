@@ -1,0 +1,223 @@
+"""
+Type-checked, never executed: what mypy sees of the public API.
+
+`nox -s mypy_api` runs mypy --strict on this file. Every `# type: ignore`
+names the error it expects, and `warn_unused_ignores` (part of --strict)
+fails the check if that error goes away.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Coroutine
+from typing import Any, assert_type
+
+import resilient
+import resilient.testing
+from resilient.exceptions import ConfigError, DeadlineExceeded
+from resilient.typing import Backoff, Clock
+
+
+policy = resilient.Policy(
+    name="payments",
+    attempts=4,
+    backoff=resilient.FullJitter(base=0.2, cap=5.0),
+    budget=10.0,
+    timeout=dt.timedelta(seconds=2),
+    retry_on=(ConnectionError, TimeoutError),
+)
+assert_type(policy, resilient.Policy)
+assert_type(policy.attempts, int | None)
+assert_type(policy.budget, float | None)
+assert_type(policy.backoff, Backoff)
+
+
+# Decorators keep the signature and the return type, sync and async.
+
+
+@resilient.retry(policy)
+def fetch(url: str, *, tries: int = 1) -> bytes:
+    return url.encode() * tries
+
+
+@resilient.retry(policy)
+async def afetch(url: str, *, tries: int = 1) -> bytes:
+    return url.encode() * tries
+
+
+@policy
+def charge(order: int) -> dict[str, int]:
+    return {"order": order}
+
+
+@policy
+async def refund(order: int) -> None:
+    return None
+
+
+assert_type(fetch("https://example.com", tries=2), bytes)
+assert_type(charge(1), dict[str, int])
+pending_fetch = assert_type(
+    afetch("https://example.com"), Coroutine[Any, Any, bytes]
+)
+pending_refund = assert_type(refund(1), Coroutine[Any, Any, None])
+
+fetch(1)  # type: ignore[arg-type]
+fetch("u", retries=2)  # type: ignore[call-arg]
+charge()  # type: ignore[call-arg]
+
+
+async def use_async() -> None:
+    assert_type(await afetch("u"), bytes)
+    assert_type(await refund(2), None)
+
+
+class Client:
+    @resilient.retry(policy)
+    def get(self, path: str) -> int:
+        return len(path)
+
+    @policy
+    async def aget(self, path: str) -> int:
+        return len(path)
+
+    @staticmethod
+    @resilient.retry(policy)
+    def ping() -> bool:
+        return True
+
+    @classmethod
+    @policy
+    def make(cls) -> Client:
+        return cls()
+
+
+client = Client()
+assert_type(client.get("/x"), int)
+pending_get = assert_type(client.aget("/x"), Coroutine[Any, Any, int])
+assert_type(Client.ping(), bool)
+assert_type(Client.make(), Client)
+client.get(3)  # type: ignore[arg-type]
+
+
+# retry() takes a Policy, positionally.
+
+resilient.retry(policy=policy)  # type: ignore[call-arg]
+resilient.retry(3)  # type: ignore[arg-type]
+
+
+# evolve() is typed per field through a TypedDict.
+
+assert_type(policy.evolve(attempts=2), resilient.Policy)
+policy.evolve(attempts=None, budget=dt.timedelta(seconds=5))
+policy.evolve(backoff=resilient.Constant(seconds=0.5), timeout=None)
+policy.evolve(retry_on=ValueError)
+policy.evolve(retry_on=lambda exc: isinstance(exc, OSError))
+policy.evolve(attempts="3")  # type: ignore[arg-type]
+policy.evolve(tries=3)  # type: ignore[call-arg]
+
+
+# Backoff strategies and schedules.
+
+strategies: list[Backoff] = [
+    resilient.FullJitter(),
+    resilient.EqualJitter(base=0.1, cap=1.0),
+    resilient.DecorrelatedJitter(),
+    resilient.Exponential(base=1.0, cap=60.0),
+    resilient.Constant(seconds=1.0),
+    resilient.Custom(lambda n: 0.1 * n),
+]
+assert_type(resilient.schedule(strategies[0], 5), tuple[float, ...])
+assert_type(resilient.schedule(strategies[0], 5, seed=1), tuple[float, ...])
+resilient.FullJitter(0.1, 1.0)  # type: ignore[call-arg]
+
+
+# The block form: `for`/`with` in sync code, `async for`/`async with` in
+# async code; the items are `Attempt`s.
+
+
+def block() -> int:
+    value = 0
+    for attempt in resilient.retrying(policy):
+        assert_type(attempt, resilient.Attempt)
+        with attempt as entered:
+            assert_type(entered, resilient.Attempt)
+            assert_type(entered.number, int)
+            assert_type(entered.remaining(), float)
+            value = fetch("u")[0]
+            entered.set_result(value)
+    return value
+
+
+async def ablock() -> int:
+    value = 0
+    async for attempt in resilient.retrying(policy):
+        assert_type(attempt, resilient.Attempt)
+        async with attempt as entered:
+            assert_type(entered, resilient.Attempt)
+            value = (await afetch("u"))[0]
+    return value
+
+
+assert_type(resilient.retrying(policy), resilient.Retrying)
+
+
+# Deadlines.
+
+with resilient.deadline(2.0) as scope:
+    assert_type(scope, resilient.Deadline)
+    assert_type(scope.expired, bool)
+    assert_type(resilient.remaining(), float)
+    resilient.checkpoint()
+resilient.deadline(None)
+resilient.deadline("2")  # type: ignore[arg-type]
+
+
+# Hooks receive a RetryEvent.
+
+
+def log_retry(event: resilient.RetryEvent) -> None:
+    assert_type(event.attempt, int)
+    assert_type(event.delay, float | None)
+    assert_type(event.exception, BaseException | None)
+
+
+async def alog_retry(event: resilient.RetryEvent) -> None:
+    return None
+
+
+resilient.Policy(before_sleep=log_retry, on_give_up=alog_retry)
+resilient.Policy(before_sleep=len)  # type: ignore[arg-type]
+
+
+# Server hints.
+
+assert_type(resilient.parse_retry_after("120"), float | None)
+assert_type(resilient.default_retry_after(OSError()), float | None)
+
+
+# Testing helpers: clocks, switches, seeds.
+
+fake = resilient.testing.FakeClock(start=10.0)
+clock: Clock = fake
+clock = resilient.MonotonicClock()
+assert_type(fake.now(), float)
+assert_type(fake.sleeps, list[float])
+with resilient.testing.use_clock(fake), resilient.testing.seed(1):
+    pass
+with resilient.testing.set_testing(True, attempts=1):
+    assert_type(resilient.testing.is_testing(), bool)
+resilient.testing.set_testing(True, attempts="1")  # type: ignore[arg-type]
+
+
+# Exceptions.
+
+try:
+    resilient.Policy(attempts=0)
+except ConfigError as exc:
+    assert_type(exc.field, str)
+    assert_type(exc.value, object)
+except DeadlineExceeded as exc:
+    assert_type(exc.deadline, float)
+
+version: str = resilient.__version__
