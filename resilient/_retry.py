@@ -9,6 +9,7 @@ sync/async) only run the call, wait and run hooks.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -38,6 +39,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 log: Final = logging.getLogger("resilient")
+_DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 
 
 @final
@@ -199,6 +201,7 @@ class _Call:
     """
 
     __slots__ = (
+        "_deadline",
         "_machine",
         "_outer",
         "_rec",
@@ -210,9 +213,13 @@ class _Call:
 
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
-        self.clock = _clock.get_clock()
-        self._start = self.clock.now()
-        self._outer = _clock.current_deadline()
+        clock = self.clock = _clock._clock  # noqa: SLF001
+        start = self._start = clock.now()
+        outer = self._outer = _DEADLINE.get()
+        budget = policy.budget
+        self._deadline = (
+            outer if budget is None else min(outer, start + budget)
+        )
         self._machine: RetryMachine | None = None
         self._rec: CallRecorder | None = recorder(policy.name)
         self._token: Any = None
@@ -235,20 +242,16 @@ class _Call:
     def begin(self) -> float:
         """Start an attempt; returns its absolute deadline."""
         if self._machine is None and self.policy.timeout is None:
-            budget = self.policy.budget
-            at = min(
-                self._outer,
-                self._start + budget if budget is not None else math.inf,
-            )
+            at = self._deadline
         else:
             at = self.machine.attempt_deadline()
         if self._rec is not None:
             self._rec.attempt_started(self.attempt)
-        self._token = _clock._DEADLINE.set(at)  # noqa: SLF001
+        self._token = _DEADLINE.set(at)
         return at
 
     def _end_attempt(self, exc: BaseException | None) -> None:
-        _clock._DEADLINE.reset(self._token)  # noqa: SLF001
+        _DEADLINE.reset(self._token)
         if self._rec is not None:
             self._rec.attempt_ended(exc)
 
@@ -466,15 +469,9 @@ def retry(policy: Policy, /) -> Callable[[Callable[P, T]], Callable[P, T]]:
             "retry(policy)", policy, "must be a resilient.Policy"
         )
 
-    def sync_shell(
-        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        return _call_sync(policy, fn, args, kwargs)
-
-    async def async_shell(
-        fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        return await _call_async(policy, fn, args, kwargs)
+    # Partials, not closures: one Python frame less per call.
+    sync_shell = functools.partial(_call_sync, policy)
+    async_shell = functools.partial(_call_async, policy)
 
     def decorator(fn: Callable[P, T]) -> Callable[P, T]:
         return decorate(

@@ -6,13 +6,11 @@ one scenario against the sync shell and the async shell (asyncio and trio).
 from __future__ import annotations
 
 import os
-
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
 import pytest
-
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider

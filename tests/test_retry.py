@@ -9,19 +9,16 @@ import inspect
 import logging
 import math
 import time
-
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import resilient
 import resilient.testing
-
 from resilient import Constant, Policy
 from tests.conftest import Driver
 

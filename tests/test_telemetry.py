@@ -8,12 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
 import resilient
-
 from resilient import Constant, Policy
 from resilient._core import _telemetry
 from tests.conftest import Driver, Telemetry

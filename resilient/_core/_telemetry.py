@@ -68,7 +68,7 @@ class _Telemetry:
     """Resolves the tracer and instruments lazily, then caches them."""
 
     __slots__ = (
-        "_checked_env",
+        "checked_env",
         "instruments",
         "meter_provider",
         "tracer",
@@ -80,15 +80,15 @@ class _Telemetry:
         self.meter_provider: MeterProvider | None = None
         self.tracer: Tracer | None = None
         self.instruments: _Instruments | None = None
-        self._checked_env = False
+        self.checked_env = False
 
     def resolve(self) -> tuple[Tracer | None, _Instruments | None]:
         """The tracer and instruments, or None where nothing is configured."""
-        if not self._checked_env:
+        if not self.checked_env:
             # Providers named in environment variables load on first use.
             otel_trace.get_tracer_provider()
             otel_metrics.get_meter_provider()
-            self._checked_env = True
+            self.checked_env = True
         if self.tracer is None:
             provider = self.tracer_provider or getattr(
                 otel_trace, "_TRACER_PROVIDER", None
@@ -134,9 +134,23 @@ def configure_telemetry(
     TELEMETRY.instruments = None
 
 
+_metrics_internal = otel_metrics._internal  # noqa: SLF001
+
+
 def recorder(policy: str) -> CallRecorder | None:
     """A recorder for one call, or None when no telemetry is configured."""
     t = TELEMETRY
+    if (
+        t.tracer is None
+        and t.instruments is None
+        and t.tracer_provider is None
+        and t.meter_provider is None
+        and otel_trace._TRACER_PROVIDER is None  # noqa: SLF001
+        and _metrics_internal._METER_PROVIDER is None  # noqa: SLF001
+        and t.checked_env
+    ):
+        # The fast path: nothing configured anywhere, a handful of reads.
+        return None
     tracer, instruments = (
         (t.tracer, t.instruments)
         if t.tracer is not None and t.instruments is not None
