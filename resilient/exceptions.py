@@ -14,6 +14,7 @@ from typing import final
 
 
 __all__ = [
+    "BulkheadFull",
     "ConfigError",
     "ConfigTypeError",
     "DeadlineExceeded",
@@ -63,3 +64,33 @@ class DeadlineExceeded(ResilientError, TimeoutError):
     def __init__(self, deadline: float, what: str = "deadline") -> None:
         self.deadline = deadline
         super().__init__(f"{what} exceeded")
+
+
+@final
+class BulkheadFull(ResilientError):
+    """
+    A bulkhead refused a call: every slot was taken and the caller could
+    not wait for one.
+
+    Not a failure of the dependency: a circuit breaker does not count it.
+
+    Attributes:
+        name: The bulkhead's name.
+        reason: ``"full"`` (no waiting allowed), ``"queue_full"`` (too many
+            callers already waiting), ``"timeout"`` (waited the maximum wait)
+            or ``"deadline"`` (the enclosing deadline ended the wait).
+        max_concurrent: The bulkhead's number of slots.
+        waited: Seconds the caller waited before being refused.
+    """
+
+    def __init__(
+        self, name: str, reason: str, max_concurrent: int, waited: float
+    ) -> None:
+        self.name = name
+        self.reason = reason
+        self.max_concurrent = max_concurrent
+        self.waited = waited
+        super().__init__(
+            f"bulkhead {name!r} is full ({max_concurrent} calls in flight; "
+            f"{reason}, waited {waited:.3f} s)"
+        )

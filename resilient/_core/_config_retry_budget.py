@@ -1,0 +1,103 @@
+"""
+The retry budget's configuration: plain, frozen, validated data.
+
+The budget itself is in `resilient._retry_budget`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, TypedDict, final
+
+import attrs
+
+from resilient._core._validate import (
+    check_number,
+    non_negative,
+    to_seconds,
+)
+from resilient.exceptions import ConfigError
+
+
+if TYPE_CHECKING:
+    import datetime as dt
+
+
+def _ratio(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_number(inst, attribute, value)
+    if value > 1000.0:  # type: ignore[operator]
+        raise ConfigError(
+            f"{type(inst).__name__}.{attribute.alias}",
+            value,
+            "must be <= 1000",
+        )
+
+
+def _window(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_number(inst, attribute, value, minimum=0.1)
+    if value > 3600.0:  # type: ignore[operator]
+        raise ConfigError(
+            f"{type(inst).__name__}.{attribute.alias}",
+            value,
+            "must be <= 3600",
+        )
+
+
+def _to_float(value: object) -> object:
+    """Accept ints for counts and ratios."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+@final
+@attrs.frozen(kw_only=True)
+class RetryBudgetConfig:
+    """
+    How many retries one dependency may receive, as a share of its calls.
+
+    Over a sliding *window*, retries are allowed while::
+
+        retries <= ratio * calls + min_per_second * window
+
+    where *calls* counts logical calls (first attempts) and *retries* the
+    retries already allowed, both within the window. The second term is a
+    floor for low traffic, so that a lone caller can still retry.
+    This is the model of Finagle's ``RetryBudget`` and tower's
+    ``TpsBudget``.
+
+    Args:
+        ratio: Retries allowed per call; 0.2 lets 1 call in 5 retry once
+            (or 1 in 10 retry twice). 0 leaves only the floor.
+        min_per_second: The floor, in retries per second, that is allowed
+            whatever the traffic; 0 for no floor.
+        window: Seconds a call or a retry is remembered.
+
+    Defaults are Finagle's: 20 % of calls on top of 10 retries per second,
+    over 10 s. In an outage, load on the dependency is then at most about
+    1.2 times the normal traffic plus 10 requests per second, instead of
+    the *attempts*-fold storm that unbudgeted retries cause.
+
+    .. versionadded:: 26.11.0
+    """
+
+    ratio: float = attrs.field(
+        default=0.2, converter=_to_float, validator=_ratio
+    )
+    min_per_second: float = attrs.field(
+        default=10.0, converter=_to_float, validator=non_negative
+    )
+    window: float = attrs.field(
+        default=10.0, converter=to_seconds, validator=_window
+    )
+
+
+class RetryBudgetKnobs(TypedDict, total=False):
+    """The keyword arguments `RetryBudgetConfig` takes, typed."""
+
+    ratio: float
+    min_per_second: float
+    window: float | dt.timedelta
