@@ -914,14 +914,27 @@ def render_text(result: SimulationResult, *, ascii_only: bool = False) -> str:
     )
 
 
-def _figure() -> Any:
-    """A matplotlib `Figure` (no pyplot, so no GUI backend is touched)."""
+def require_plotting() -> None:
+    """
+    Check that matplotlib can be imported.
+
+    Raises:
+        ImportError: It cannot, with how to install it.
+    """
     try:
-        from matplotlib.figure import Figure  # noqa: PLC0415
+        import matplotlib.figure  # noqa: F401, PLC0415
     except ImportError as exc:
         raise ImportError(
-            "plotting needs matplotlib: pip install 'resilient[plot]'"
+            "plotting needs matplotlib, which is not installed: "
+            "pip install 'resilient[plot]'"
         ) from exc
+
+
+def _figure() -> Any:
+    """A matplotlib `Figure` (no pyplot, so no GUI backend is touched)."""
+    require_plotting()
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
     return Figure(figsize=(10, 4), layout="tight")
 
 

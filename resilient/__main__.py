@@ -1,0 +1,264 @@
+"""
+The command line: ``python -m resilient simulate ...``.
+
+Runs the retry simulator (`resilient._simulate`) and prints the load on the
+dependency over time, work amplification, success rate, give-ups, latency
+percentiles and drain time; ``--plot FILE.png`` also draws the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+from resilient import _simulate
+from resilient.exceptions import ConfigError
+
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+_PROG: Final = "python -m resilient"
+
+# A refused setting is named after a field (``Policy.attempts``); the user
+# typed an option (``--attempts``).
+_OPTION_OF_FIELD: Final = {
+    "seconds": "--base",
+    "strategy": "--strategy",
+}
+
+
+def _option(field: str) -> str:
+    name = field.rpartition(".")[2]
+    return _OPTION_OF_FIELD.get(name, "--" + name.replace("_", "-"))
+
+
+def _int_or_none(text: str) -> int | None:
+    """An int, or ``none`` for no limit."""
+    return None if text.strip().lower() == "none" else int(text)
+
+
+def _float_or_none(text: str) -> float | None:
+    """A number, or ``none`` for no limit."""
+    return None if text.strip().lower() == "none" else float(text)
+
+
+_int_or_none.__name__ = "int or 'none'"
+_float_or_none.__name__ = "number or 'none'"
+
+
+def _simulate_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="simulate a fleet of retrying clients against an outage",
+        description=(
+            "Run the library's backoff and retry machine for many clients "
+            "in virtual time against a dependency that is down for a while "
+            "and then serves a limited number of requests per second. "
+            "Prints the load on the dependency over time and the figures "
+            "that tell a good policy from a retry storm."
+        ),
+    )
+    p.set_defaults(command_parser=p)
+    d = _simulate.SimulationConfig()
+    fleet = p.add_argument_group("the fleet and the dependency")
+    fleet.add_argument(
+        "--clients",
+        type=int,
+        default=d.clients,
+        help="clients, one call each (default: %(default)s)",
+    )
+    fleet.add_argument(
+        "--outage",
+        type=float,
+        default=d.outage,
+        metavar="SECONDS",
+        help="seconds from the start during which every request fails "
+        "(default: %(default)s)",
+    )
+    fleet.add_argument(
+        "--capacity",
+        type=float,
+        default=d.capacity,
+        metavar="RPS",
+        help="requests per second the dependency serves after the outage; "
+        "the excess fails (default: %(default)s)",
+    )
+    fleet.add_argument(
+        "--burst",
+        type=float,
+        default=None,
+        metavar="N",
+        help="requests it serves at once (default: a tenth of a second of "
+        "capacity)",
+    )
+    fleet.add_argument(
+        "--service-time",
+        type=float,
+        default=d.service_time,
+        metavar="SECONDS",
+        help="how long a successful request takes (default: %(default)s)",
+    )
+    fleet.add_argument(
+        "--spread",
+        type=float,
+        default=d.spread,
+        metavar="SECONDS",
+        help="window over which the clients start their calls "
+        "(default: %(default)s)",
+    )
+    policy = p.add_argument_group("the retry policy")
+    policy.add_argument(
+        "--strategy",
+        choices=_simulate.STRATEGIES,
+        default="full",
+        help="backoff: full, equal or decorrelated jitter, exponential "
+        "without jitter, or constant (waits --base every time) "
+        "(default: %(default)s)",
+    )
+    policy.add_argument(
+        "--base",
+        type=float,
+        default=0.2,
+        metavar="SECONDS",
+        help="the first backoff window; the delay of 'constant' "
+        "(default: %(default)s)",
+    )
+    policy.add_argument(
+        "--cap",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="the largest backoff window (default: %(default)s)",
+    )
+    policy.add_argument(
+        "--attempts",
+        type=_int_or_none,
+        default=_simulate.DEFAULT_ATTEMPTS,
+        metavar="N",
+        help="attempts per call, the first included; 'none' for no limit "
+        "(default: %(default)s)",
+    )
+    policy.add_argument(
+        "--budget",
+        type=_float_or_none,
+        default=_simulate.DEFAULT_BUDGET,
+        metavar="SECONDS",
+        help="seconds per call, waits included; 'none' for no limit "
+        "(default: %(default)s)",
+    )
+    run = p.add_argument_group("the run")
+    run.add_argument(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="seed of the start times and the jitter; the same seed gives "
+        "the same run (default: %(default)s)",
+    )
+    run.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop after this long (default: when every call has ended)",
+    )
+    run.add_argument(
+        "--bucket",
+        type=float,
+        default=d.bucket,
+        metavar="SECONDS",
+        help="width of a row of the load chart (default: %(default)s)",
+    )
+    run.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        help="also draw the load to this PNG (needs resilient[plot])",
+    )
+    run.add_argument(
+        "--ascii",
+        action="store_true",
+        help="draw the chart with ASCII characters only",
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    """The ``python -m resilient`` argument parser."""
+    p = argparse.ArgumentParser(
+        prog=_PROG,
+        description="resilient's command line tools.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _simulate_parser(sub)
+    return p
+
+
+def config_from_args(
+    args: argparse.Namespace,
+) -> _simulate.SimulationConfig:
+    """
+    The simulation the parsed *args* describe.
+
+    Raises:
+        ConfigError: A refused value, named after its field.
+    """
+    return _simulate.SimulationConfig(
+        clients=args.clients,
+        outage=args.outage,
+        capacity=args.capacity,
+        burst=args.burst,
+        service_time=args.service_time,
+        spread=args.spread,
+        policy=_simulate.make_policy(
+            args.strategy,
+            base=args.base,
+            cap=args.cap,
+            attempts=args.attempts,
+            budget=args.budget,
+        ),
+        duration=args.duration,
+        bucket=args.bucket,
+        seed=args.seed,
+    )
+
+
+def _can_draw(stream: object) -> bool:
+    """Whether *stream* can print the chart's block characters."""
+    encoding = getattr(stream, "encoding", None) or "ascii"
+    try:
+        "\u2588\u2591\u2502".encode(encoding)
+    except (LookupError, UnicodeEncodeError):
+        return False
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """
+    Run ``python -m resilient`` with *argv* (default: `sys.argv`).
+
+    Returns the exit status; a bad option exits with status 2 and a message
+    naming the option and its value.
+    """
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        args.command_parser.error(f"argument {_option(exc.field)}: {exc}")
+    if args.plot is not None:
+        try:
+            _simulate.require_plotting()
+        except ImportError as exc:
+            args.command_parser.error(f"argument --plot: {exc}")
+    result = _simulate.simulate(config)
+    ascii_only = args.ascii or not _can_draw(sys.stdout)
+    print(_simulate.render_text(result, ascii_only=ascii_only))
+    if args.plot is not None:
+        _simulate.save_plot(result, args.plot)
+        print(f"\nwrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
