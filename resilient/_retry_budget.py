@@ -1,0 +1,278 @@
+"""
+Retry budget: a share of each dependency's traffic that retries may use,
+shared by every caller in the process.
+
+A sliding window of calls and retries (Finagle's ``RetryBudget``, tower's
+``TpsBudget``): a retry is allowed while the retries already allowed in the
+window stay within ``ratio * calls + min_per_second * window``. In an outage
+every call fails, retries soon hit that line, and the load on the
+dependency stays near its normal traffic instead of multiplying by the
+number of attempts.
+
+`RetryBudget` is pure bookkeeping behind a short lock: it reads the clock
+seam and never waits, so sync and async code share it as is.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING, Final, Unpack, final
+
+import attrs
+from opentelemetry import metrics as otel_metrics
+
+from resilient._bulkhead import Registry
+from resilient._core import _clock
+from resilient._core._config_retry_budget import (
+    RetryBudgetConfig,
+    RetryBudgetKnobs,
+)
+from resilient._core._telemetry import SCOPE, TELEMETRY
+from resilient.exceptions import ConfigTypeError
+
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Counter
+
+
+# The window is kept as this many buckets: calls and retries leave the
+# window one bucket (window / 20 seconds) at a time.
+BUCKETS: Final = 20
+
+# Absorbs float error in ``ratio * calls`` (0.1 * 3 > 0.3).
+_EPSILON: Final = 1e-9
+
+
+@final
+@attrs.frozen
+class RetryBudgetStatistics:
+    """
+    A consistent snapshot of one retry budget, taken under its lock.
+
+    Attributes:
+        name: The dependency's name.
+        calls: Calls recorded within the window.
+        retries: Retries allowed within the window.
+        available: Retries that would be allowed now.
+        total_calls: Calls recorded since the budget was made.
+        total_retries: Retries allowed since then.
+        refused: Retries refused since then.
+    """
+
+    name: str
+    calls: int
+    retries: int
+    available: int
+    total_calls: int
+    total_retries: int
+    refused: int
+
+
+@final
+class RetryBudget:
+    """
+    The retry budget of one dependency, shared by every caller in the
+    process. Get one with `get_retry_budget`.
+
+    Retry calls `record_call` once per logical call (on its first attempt)
+    and `try_acquire_retry` before every retry; when it returns False, the
+    retry is refused and the last error re-raised.
+
+    Thread-safe; reads time through the clock seam, so a `FakeClock` moves
+    the window in tests.
+
+    Args:
+        name: The dependency's name.
+        config: The budget's configuration.
+
+    .. versionadded:: 26.11.0
+    """
+
+    __slots__ = (
+        "_calls",
+        "_head",
+        "_lock",
+        "_ratio",
+        "_reserve",
+        "_retries",
+        "_width",
+        "_window_calls",
+        "_window_retries",
+        "config",
+        "name",
+        "refused",
+        "total_calls",
+        "total_retries",
+    )
+
+    def __init__(self, name: str, config: RetryBudgetConfig) -> None:
+        self.name = name
+        self.config = config
+        self._ratio = config.ratio
+        self._reserve = config.min_per_second * config.window + _EPSILON
+        self._width = config.window / BUCKETS
+        self._lock = threading.Lock()
+        self._calls = [0] * BUCKETS
+        self._retries = [0] * BUCKETS
+        self._head = math.floor(_clock.get_clock().now() / self._width)
+        self._window_calls = 0
+        self._window_retries = 0
+        self.total_calls = 0
+        self.total_retries = 0
+        self.refused = 0
+
+    def _advance(self) -> int:
+        """Drop the buckets that left the window; the current index."""
+        slot = math.floor(_clock.get_clock().now() / self._width)
+        gap = slot - self._head
+        if gap != 0:
+            # A monotonic clock never goes back: a negative gap means the
+            # clock was swapped (a test's FakeClock), so start afresh too.
+            if not 0 < gap < BUCKETS:
+                self._calls = [0] * BUCKETS
+                self._retries = [0] * BUCKETS
+                self._window_calls = self._window_retries = 0
+            else:
+                for step in range(1, gap + 1):
+                    i = (self._head + step) % BUCKETS
+                    self._window_calls -= self._calls[i]
+                    self._window_retries -= self._retries[i]
+                    self._calls[i] = self._retries[i] = 0
+            self._head = slot
+        return self._head % BUCKETS
+
+    def _available(self) -> int:
+        allowance = self._ratio * self._window_calls + self._reserve
+        return max(0, math.floor(allowance) - self._window_retries)
+
+    def record_call(self) -> None:
+        """Count one logical call (its first attempt, not its retries)."""
+        with self._lock:
+            i = self._advance()
+            self._calls[i] += 1
+            self._window_calls += 1
+            self.total_calls += 1
+
+    def try_acquire_retry(self) -> bool:
+        """
+        Spend one retry if the budget allows it.
+
+        Returns:
+            True if the retry may go ahead (it is counted); False if it
+            would exceed the budget (nothing is counted but the refusal).
+        """
+        with self._lock:
+            i = self._advance()
+            if self._available() >= 1:
+                self._retries[i] += 1
+                self._window_retries += 1
+                self.total_retries += 1
+                return True
+            self.refused += 1
+        _refused(self.name)
+        return False
+
+    def statistics(self) -> RetryBudgetStatistics:
+        """A consistent snapshot of the window and the totals."""
+        with self._lock:
+            self._advance()
+            return RetryBudgetStatistics(
+                name=self.name,
+                calls=self._window_calls,
+                retries=self._window_retries,
+                available=self._available(),
+                total_calls=self.total_calls,
+                total_retries=self.total_retries,
+                refused=self.refused,
+            )
+
+    def refusal_note(self) -> str:
+        """
+        What to add to the re-raised error when a retry was refused.
+        """
+        s = self.statistics()
+        c = self.config
+        return (
+            f"retry refused by the retry budget of {self.name!r}: "
+            f"{s.retries} retries for {s.calls} calls in the last "
+            f"{c.window:g} s (allowed: {c.ratio:g} per call "
+            f"+ {c.min_per_second:g} per second)"
+        )
+
+    def __repr__(self) -> str:
+        s = self.statistics()
+        return (
+            f"<RetryBudget {self.name!r}: {s.retries} retries for "
+            f"{s.calls} calls, {s.available} available>"
+        )
+
+
+def _check_config(config: object) -> RetryBudgetConfig | None:
+    if config is not None and not isinstance(config, RetryBudgetConfig):
+        raise ConfigTypeError(
+            "get_retry_budget(config)",
+            config,
+            "must be a RetryBudgetConfig or None",
+        )
+    return config
+
+
+RETRY_BUDGETS: Final[Registry[RetryBudget, RetryBudgetConfig]] = Registry(
+    "RetryBudget",
+    RetryBudget,
+    RetryBudgetConfig,
+    # Forgetting a budget only forgets the last window of traffic.
+    lambda _: True,
+)
+
+
+def get_retry_budget(
+    name: str,
+    config: RetryBudgetConfig | None = None,
+    **knobs: Unpack[RetryBudgetKnobs],
+) -> RetryBudget:
+    """
+    The process-wide retry budget of the dependency called *name*.
+
+    Made with *config* (or the keywords of `RetryBudgetConfig`, or the
+    defaults) on first use; later calls get the same object.
+
+    Raises:
+        TypeError: Both *config* and keywords are given.
+        ConfigError: A bad value, or a configuration that differs from the
+            existing budget's.
+
+    .. versionadded:: 26.11.0
+    """
+    if knobs:
+        if config is not None:
+            raise TypeError(
+                "get_retry_budget() takes a config or keywords, not both"
+            )
+        config = RetryBudgetConfig(**knobs)
+    return RETRY_BUDGETS.get(name, _check_config(config))
+
+
+# The refusal counter, and the retry instruments it was made alongside.
+_cache: list[tuple[object, Counter]] = []
+
+
+def _refused(name: str) -> None:
+    """Count a refusal, when a meter provider is configured."""
+    base = TELEMETRY.instruments
+    if base is None:
+        base = TELEMETRY.resolve()[1]
+        if base is None:
+            return
+    if not (_cache and _cache[0][0] is base):
+        provider = (
+            TELEMETRY.meter_provider or otel_metrics.get_meter_provider()
+        )
+        counter = provider.get_meter(SCOPE).create_counter(
+            "resilient.retry_budget.refused",
+            unit="{retry}",
+            description="Retries a retry budget refused.",
+        )
+        _cache[:] = [(base, counter)]
+    _cache[0][1].add(1, {"resilient.policy": name})
