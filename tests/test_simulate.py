@@ -1,0 +1,538 @@
+"""
+The retry simulator (`resilient._simulate`) and its command line
+(``python -m resilient simulate``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import resilient
+from resilient import __main__ as cli
+from resilient import _simulate as sim
+from resilient.exceptions import ConfigError, ConfigTypeError
+
+
+def run(strategy: str = "full", **changes: object) -> sim.SimulationResult:
+    """Simulate the default fleet with *strategy* and *changes*."""
+    policy_keys = {"base", "cap", "attempts", "budget"}
+    policy = {k: changes.pop(k) for k in list(changes) if k in policy_keys}
+    config = sim.SimulationConfig(
+        policy=sim.make_policy(strategy, **policy),  # type: ignore[arg-type]
+        **changes,  # type: ignore[arg-type]
+    )
+    return sim.simulate(config)
+
+
+@pytest.fixture(scope="module")
+def full() -> sim.SimulationResult:
+    """1,000 clients, a 5 s outage, full jitter."""
+    return run("full")
+
+
+@pytest.fixture(scope="module")
+def none() -> sim.SimulationResult:
+    """1,000 clients, a 5 s outage, exponential backoff without jitter."""
+    return run("exponential")
+
+
+class TestTheIssueCriterion:
+    def test_no_jitter_spikes_full_jitter_spreads(
+        self, full: sim.SimulationResult, none: sim.SimulationResult
+    ) -> None:
+        """
+        After a 5 s outage, 1,000 clients without jitter hit the dependency
+        in one synchronised wave several times its capacity; with full
+        jitter the busiest bucket is several times smaller and within it.
+        """
+        assert none.summary.peak_after_outage is not None
+        assert full.summary.peak_after_outage is not None
+        spike = none.summary.peak_after_outage[0]
+        spread = full.summary.peak_after_outage[0]
+        per_bucket = full.config.capacity * full.config.bucket
+        assert spike >= 0.9 * full.config.clients
+        assert spike > 3 * per_bucket
+        assert spike >= 4 * spread
+        assert spread <= per_bucket
+
+    def test_jitter_succeeds_more_with_less_work(
+        self, full: sim.SimulationResult, none: sim.SimulationResult
+    ) -> None:
+        """
+        The synchronised waves keep failing for overload, so without jitter
+        fewer calls succeed, with more attempts each, and the dependency
+        stays overloaded and busy for longer after the outage.
+        """
+        f, n = full.summary, none.summary
+        assert f.success_rate > 0.95
+        assert n.success_rate < 0.6
+        assert f.amplification < n.amplification
+        assert f.drain < n.drain
+        assert full.overload_end is None
+        assert none.overload_end is not None
+        assert n.recovery > 10.0
+
+    def test_every_strategy_runs_fast_enough_to_tune_with(self) -> None:
+        """
+        Each strategy simulates the default 1,000-client fleet and gives
+        every call an outcome (no real sleeping: the whole module's runs
+        would take minutes otherwise).
+        """
+        for strategy in sim.STRATEGIES:
+            result = run(strategy)
+            assert len(result.calls) == 1000
+            assert all(c.end is not None for c in result.calls)
+
+
+class TestConsistency:
+    @pytest.mark.parametrize("strategy", sim.STRATEGIES)
+    def test_figures_agree_with_the_raw_data(self, strategy: str) -> None:
+        """
+        The summary is derived from the per-bucket load and the per-call
+        outcomes: attempts, successes, give-ups, amplification and latency
+        all agree with them.
+        """
+        # A constant 1 s wait outlasts the outage within 10 attempts.
+        base = 1.0 if strategy == "constant" else 0.2
+        result = run(strategy, clients=300, base=base)
+        s = result.summary
+        calls = result.calls
+        assert s.calls == len(calls) == 300
+        assert s.attempts == sum(result.load) == sum(c.attempts for c in calls)
+        assert s.succeeded == sum(c.ok for c in calls) == sum(result.served)
+        assert s.succeeded + sum(n for _, n in s.give_ups) == s.calls
+        assert s.success_rate == s.succeeded / s.calls
+        assert s.amplification == s.attempts / s.calls
+        assert s.refused == 0
+        latencies = sorted(c.end - c.start for c in calls if c.end and c.ok)
+        assert s.latency is not None
+        assert s.latency[3] == latencies[-1]
+        assert s.latency[0] == sim.percentile(latencies, 50)
+        assert s.latency[0] <= s.latency[1] <= s.latency[2] <= s.latency[3]
+        assert max(c.attempts for c in calls) <= 10
+        assert s.peak[0] == max(result.load)
+
+    def test_the_outage_fails_everything(
+        self, full: sim.SimulationResult
+    ) -> None:
+        """No request is served during the outage; all of them fail."""
+        width = full.config.bucket
+        for t, served in zip(full.times, full.served, strict=True):
+            if t + width <= full.config.outage:
+                assert served == 0
+
+    @pytest.mark.parametrize("strategy", ["exponential", "constant"])
+    def test_the_dependency_never_serves_past_its_capacity(
+        self, strategy: str
+    ) -> None:
+        """
+        After the outage, no bucket serves more than its share of the
+        capacity plus the burst the token bucket holds.
+        """
+        result = run(strategy, base=0.5, capacity=100.0)
+        limit = 100.0 * result.config.bucket + result.config.tokens
+        assert max(result.served) <= limit
+        assert max(result.load) > limit  # The excess was sent and failed.
+
+    def test_same_seed_same_run_other_seed_other_run(self) -> None:
+        """A seed makes a run repeatable; another seed changes it."""
+        a = run("full", clients=200, seed=7)
+        b = run("full", clients=200, seed=7)
+        c = run("full", clients=200, seed=8)
+        assert a == b
+        assert a.load != c.load
+
+    def test_start_times_do_not_depend_on_the_policy(self) -> None:
+        """
+        Clients start at the same times whatever the strategy, so two
+        strategies are compared on the same fleet.
+        """
+        a = run("full", clients=50)
+        b = run("exponential", clients=50)
+        assert [c.start for c in a.calls] == [c.start for c in b.calls]
+        assert all(0 <= c.start < 0.1 for c in a.calls)
+
+
+class TestTheRealMachine:
+    def test_one_client_follows_the_exponential_schedule(self) -> None:
+        """
+        One client without jitter retries after exactly 0.2, 0.4 and 0.8 s
+        (the library's `Exponential`), and its fourth attempt, after a 1 s
+        outage, succeeds after the service time.
+        """
+        result = run(
+            "exponential", clients=1, spread=0.0, outage=1.0, bucket=0.1
+        )
+        (call,) = result.calls
+        assert call.ok
+        assert call.attempts == 4
+        assert call.end == pytest.approx(0.2 + 0.4 + 0.8 + 0.02)
+        arrivals = [
+            t for t, n in zip(result.times, result.load, strict=True) if n
+        ]
+        assert arrivals == pytest.approx([0.0, 0.2, 0.6, 1.4])
+
+    def test_jitter_draws_match_the_schedule(self) -> None:
+        """
+        A lone client's waits are the policy's backoff drawn from the
+        simulation's jitter stream: each retry lands inside its full-jitter
+        window.
+        """
+        result = run("full", clients=1, spread=0.0, outage=100.0, bucket=0.01)
+        arrivals = [
+            t for t, n in zip(result.times, result.load, strict=True) if n
+        ]
+        gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+        assert len(arrivals) == 10
+        for retry, gap in enumerate(gaps):
+            assert 0 <= gap <= min(5.0, 0.2 * 2**retry) + 0.01
+
+    def test_attempts_run_out(self) -> None:
+        """
+        A policy of 3 attempts against a long outage gives up on every call
+        for ``attempts``, after exactly 3 attempts each.
+        """
+        result = run("full", clients=100, attempts=3, outage=60.0)
+        assert result.summary.give_ups == (("attempts", 100),)
+        assert {c.attempts for c in result.calls} == {3}
+        assert result.summary.succeeded == 0
+        assert result.summary.latency is None
+
+    def test_the_budget_runs_out(self) -> None:
+        """
+        With no attempt limit, a 2 s budget gives up on every call for
+        ``budget``, and no attempt starts after it.
+        """
+        result = run(
+            "constant", clients=20, base=0.5, attempts=None, budget=2.0
+        )
+        assert result.summary.give_ups == (("budget", 20),)
+        assert result.summary.last_attempt < 2.0 + 0.1
+
+    def test_a_policy_that_does_not_retry_connection_errors(self) -> None:
+        """
+        The simulated failures are `ConnectionError`s: a policy that does
+        not retry them gives up at once for ``not_retryable``.
+        """
+        policy = resilient.Policy(name="strict", retry_on=KeyError)
+        result = sim.simulate(sim.SimulationConfig(clients=10, policy=policy))
+        assert result.summary.give_ups == (("not_retryable", 10),)
+        assert result.summary.amplification == 1.0
+
+    def test_a_policy_that_never_waits_is_stopped(self) -> None:
+        """
+        Retrying without waiting and without an attempt limit would never
+        advance virtual time: the simulator stops and says why.
+        """
+        policy = resilient.Policy(
+            attempts=None, budget=1.0, backoff=resilient.Constant(seconds=0)
+        )
+        config = sim.SimulationConfig(clients=1, policy=policy)
+        with pytest.raises(RuntimeError, match="retry without end"):
+            sim.simulate(config)
+
+    def test_duration_stops_the_run(self) -> None:
+        """
+        With a duration, the chart covers exactly that long and calls still
+        going at the end count as unfinished.
+        """
+        result = run("exponential", clients=100, duration=4.0, outage=5.0)
+        assert len(result.load) == 8
+        assert result.end == 4.0
+        assert result.summary.give_ups == (("unfinished", 100),)
+        assert all(c.end is None and c.latency is None for c in result.calls)
+
+
+class TestTheGuardSeam:
+    def test_a_guard_refuses_attempts_before_they_are_sent(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """
+        The per-client loop asks the fleet's guard before each attempt and
+        tells it each outcome: a guard that refuses every retry with a
+        non-transient error keeps retries off the dependency, and the
+        refusals are counted apart from the load.
+        """
+        heard: list[tuple[int, bool]] = []
+
+        class OnlyFirstAttempts:
+            def admit(self, now: float, attempt: int) -> Exception | None:
+                return None if attempt == 1 else KeyError("refused")
+
+            def record(
+                self, now: float, attempt: int, error: Exception | None
+            ) -> None:
+                heard.append((attempt, error is None))
+
+        monkeypatch.setattr(sim, "_guard", lambda config: OnlyFirstAttempts())
+        result = run("full", clients=40)
+        s = result.summary
+        assert s.attempts == sum(result.load) == 40
+        assert s.refused == 40
+        assert s.give_ups == (("not_retryable", 40),)
+        assert heard == [(1, False)] * 40
+        assert "refused locally    40" in sim.render_summary(result)
+
+
+class TestConfig:
+    @pytest.mark.parametrize(
+        ("field", "value", "error"),
+        [
+            ("clients", 0, ConfigError),
+            ("clients", True, ConfigTypeError),
+            ("clients", 1.5, ConfigTypeError),
+            ("outage", -1, ConfigError),
+            ("capacity", 0, ConfigError),
+            ("capacity", math.inf, ConfigError),
+            ("burst", 0.5, ConfigError),
+            ("service_time", -0.1, ConfigError),
+            ("spread", math.nan, ConfigError),
+            ("policy", "full", ConfigTypeError),
+            ("duration", 0, ConfigError),
+            ("bucket", 0, ConfigError),
+            ("seed", -1, ConfigError),
+        ],
+    )
+    def test_bad_values_name_the_field(
+        self, field: str, value: object, error: type[Exception]
+    ) -> None:
+        """A bad setting raises at construction, naming it and the value."""
+        with pytest.raises(error) as info:
+            sim.SimulationConfig(**{field: value})  # type: ignore[arg-type]
+        assert isinstance(info.value, ConfigError)
+        assert info.value.field == f"SimulationConfig.{field}"
+        assert repr(value) in str(info.value)
+
+    def test_unknown_strategy(self) -> None:
+        """An unknown strategy name is refused with the known ones."""
+        with pytest.raises(ConfigError, match="full, equal") as info:
+            sim.backoff_for("jittery")
+        assert info.value.field == "strategy"
+
+    def test_defaults(self) -> None:
+        """
+        The defaults: 1,000 clients, a 5 s outage, 500 requests/s served 50
+        at a time, full jitter, 10 attempts in a 30 s budget.
+        """
+        c = sim.SimulationConfig()
+        assert (c.clients, c.outage, c.capacity, c.tokens) == (
+            1000,
+            5.0,
+            500.0,
+            50.0,
+        )
+        assert c.policy.backoff == resilient.FullJitter()
+        assert (c.policy.attempts, c.policy.budget) == (10, 30.0)
+        assert sim.SimulationConfig(capacity=5).tokens == 1.0
+
+    @pytest.mark.parametrize("strategy", sim.STRATEGIES)
+    def test_command_round_trips_through_the_cli(self, strategy: str) -> None:
+        """
+        `SimulationConfig.argv` gives the CLI arguments that parse back to
+        the same configuration.
+        """
+        config = sim.SimulationConfig(
+            clients=12,
+            burst=7,
+            duration=9,
+            seed=3,
+            policy=sim.make_policy(strategy, base=0.3, attempts=None),
+        )
+        args = cli.parser().parse_args(["simulate", *config.argv()])
+        assert cli.config_from_args(args) == config
+        assert config.command().startswith("python -m resilient simulate ")
+
+    def test_command_refuses_a_policy_the_cli_cannot_express(self) -> None:
+        """A policy with settings the CLI has no option for has no command."""
+        config = sim.SimulationConfig(
+            policy=resilient.Policy(retry_on=KeyError)
+        )
+        with pytest.raises(ValueError, match="make_policy"):
+            config.command()
+
+
+class TestRendering:
+    def test_text_has_every_section(self, none: sim.SimulationResult) -> None:
+        """
+        The text output has the header, the load chart with the outage
+        marked and the capacity drawn, and every figure.
+        """
+        text = sim.render_text(none)
+        header, chart, summary = text.split("\n\n")
+        assert header.startswith("1000 clients, 5 s outage, capacity 500/s")
+        rows = chart.splitlines()[1:]
+        assert len(rows) == len(none.load)
+        assert sum("outage" in r for r in rows) == 10
+        assert all("\u2502" in r for r in rows)
+        for label in (
+            "calls",
+            "succeeded",
+            "gave up",
+            "attempts",
+            "peak load",
+            "peak after outage",
+            "latency (ok)",
+            "drain",
+            "overload ended",
+        ):
+            assert f"\n{label} " in f"\n{summary}"
+        assert "(amplification 9.04x)" in summary
+        assert "1000 per 0.5 s at 6 s (4.0x capacity)" in summary
+
+    def test_chart_rows_show_the_counts(
+        self, full: sim.SimulationResult
+    ) -> None:
+        """Each chart row ends with its bucket's request count."""
+        rows = sim.render_chart(full).splitlines()[1:]
+        counts = [
+            int(r.split()[-2 if r.endswith("outage") else -1]) for r in rows
+        ]
+        assert counts == list(full.load)
+
+    def test_ascii_only(self, full: sim.SimulationResult) -> None:
+        """The ASCII chart uses no character outside ASCII."""
+        text = sim.render_text(full, ascii_only=True)
+        assert text.isascii()
+        assert "#" in text
+        assert "|" in text
+
+    def test_a_small_bucket_is_never_hidden(self) -> None:
+        """A bucket with a few requests still gets one cell of bar."""
+        result = run("full", clients=1000, capacity=10_000.0)
+        rows = sim.render_chart(result, width=10, ascii_only=True).splitlines()
+        for row, n in zip(rows[1:], result.load, strict=True):
+            bar = row.split(" s ", 1)[1]
+            assert ("#" in bar or "x" in bar) == (n > 0)
+
+    def test_no_success_no_overload(self) -> None:
+        """Figures that do not apply say so instead of printing numbers."""
+        result = run("full", clients=5, attempts=2, outage=30.0)
+        text = sim.render_summary(result)
+        assert "latency (ok)       none succeeded" in text
+        assert "overload ended     never overloaded" in text
+        assert result.summary.drain == 0.0
+
+    def test_percentile_is_nearest_rank(self) -> None:
+        """Percentiles pick a value that occurred, by nearest rank."""
+        data = [1.0, 2.0, 3.0, 4.0]
+        assert sim.percentile(data, 50) == 2.0
+        assert sim.percentile(data, 90) == 4.0
+        assert sim.percentile([5.0], 99) == 5.0
+
+
+class TestCommandLine:
+    def test_main_prints_what_simulate_measures(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """
+        ``simulate`` prints exactly `render_text` of the same configuration.
+        """
+        argv = ["simulate", "--clients=200", "--strategy=equal", "--seed=5"]
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        config = cli.config_from_args(cli.parser().parse_args(argv))
+        result = sim.simulate(config)
+        ascii_only = not cli._can_draw(sys.stdout)
+        assert out == sim.render_text(result, ascii_only=ascii_only) + "\n"
+
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (["--clients=0"], "argument --clients: SimulationConfig.clients"),
+            (["--clients=x"], "argument --clients: invalid int value: 'x'"),
+            (["--attempts=0"], "argument --attempts: Policy.attempts"),
+            (["--budget=-2"], "argument --budget: Policy.budget"),
+            (["--cap=0.1"], "argument --cap: FullJitter.cap must be >= base"),
+            (
+                ["--strategy=constant", "--base=-1"],
+                "argument --base: Constant.seconds",
+            ),
+            (["--outage=nan"], "argument --outage: SimulationConfig.outage"),
+            (["--service-time=-1"], "argument --service-time:"),
+            (["--strategy=fast"], "argument --strategy: invalid choice"),
+        ],
+    )
+    def test_bad_options_name_the_option_and_value(
+        self,
+        argv: list[str],
+        message: str,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """A bad option exits with status 2, naming the option and value."""
+        with pytest.raises(SystemExit) as info:
+            cli.main(["simulate", *argv])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "python -m resilient simulate: error: " in err
+        assert message in err
+        value = argv[-1].split("=", 1)[1]
+        assert value in err
+
+    def test_plot_writes_a_png(
+        self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``--plot FILE.png`` writes the load chart as a PNG."""
+        target = tmp_path / "load.png"
+        assert cli.main(["simulate", "--clients=50", f"--plot={target}"]) == 0
+        assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {target}" in capsys.readouterr().out
+
+    def test_plot_without_matplotlib_says_how_to_get_it(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """
+        Without matplotlib, ``--plot`` fails before simulating, naming the
+        ``resilient[plot]`` extra.
+        """
+        monkeypatch.setitem(sys.modules, "matplotlib", None)
+        monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+        with pytest.raises(SystemExit) as info:
+            cli.main(["simulate", "--plot=x.png"])
+        assert info.value.code == 2
+        captured = capsys.readouterr()
+        assert "argument --plot:" in captured.err
+        assert "pip install 'resilient[plot]'" in captured.err
+        assert captured.out == ""
+
+    def test_a_command_is_required(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """``python -m resilient`` alone asks for a command."""
+        with pytest.raises(SystemExit) as info:
+            cli.main([])
+        assert info.value.code == 2
+        assert "COMMAND" in capsys.readouterr().err
+
+    def test_python_dash_m(self) -> None:
+        """
+        ``python -m resilient simulate`` runs as a program and prints the
+        chart and the figures.
+        """
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "resilient",
+                "simulate",
+                "--clients=100",
+                "--strategy=exponential",
+                "--ascii",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "Load on the dependency: requests per 0.5 s" in proc.stdout
+        assert "outage" in proc.stdout
+        assert "amplification" in proc.stdout
+        assert "peak after outage" in proc.stdout
