@@ -7,6 +7,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from resilient._breaker import (
+    BreakerPermit,
+    BreakerState,
+    BreakerStatistics,
+    BreakerTransition,
+    CircuitBreaker,
+    breaker,
+    set_breaker_defaults,
+)
 from resilient._core._backoff import (
     Constant,
     Custom,
@@ -23,12 +32,18 @@ from resilient._core._clock import (
     deadline,
     remaining,
 )
+from resilient._core._config_breaker import (
+    BreakerPolicy,
+    CountWindow,
+    TimeWindow,
+)
 from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient.exceptions import (
+    CircuitOpen,
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
@@ -38,9 +53,17 @@ from resilient.exceptions import (
 
 __all__ = [
     "Attempt",
+    "BreakerPermit",
+    "BreakerPolicy",
+    "BreakerState",
+    "BreakerStatistics",
+    "BreakerTransition",
+    "CircuitBreaker",
+    "CircuitOpen",
     "ConfigError",
     "ConfigTypeError",
     "Constant",
+    "CountWindow",
     "Custom",
     "Deadline",
     "DeadlineExceeded",
@@ -54,6 +77,8 @@ __all__ = [
     "RetryEvent",
     "RetryMachine",
     "Retrying",
+    "TimeWindow",
+    "breaker",
     "checkpoint",
     "configure_telemetry",
     "deadline",
@@ -63,6 +88,7 @@ __all__ = [
     "retry",
     "retrying",
     "schedule",
+    "set_breaker_defaults",
 ]
 
 

@@ -15,6 +15,7 @@ from typing import final
 
 __all__ = [
     "BulkheadFull",
+    "CircuitOpen",
     "ConfigError",
     "ConfigTypeError",
     "DeadlineExceeded",
@@ -94,3 +95,34 @@ class BulkheadFull(ResilientError):
             f"bulkhead {name!r} is full ({max_concurrent} calls in flight; "
             f"{reason}, waited {waited:.3f} s)"
         )
+
+
+class CircuitOpen(ResilientError):  # noqa: N818
+    """
+    A circuit breaker rejected a call without running it.
+
+    Attributes:
+        name: The breaker's name (the dependency).
+        retry_after: Seconds until the breaker admits a probe; `math.inf`
+            when it was forced open (until someone resets it).
+        state: The breaker's state: ``"open"``, ``"half_open"`` (all probe
+            slots taken) or ``"forced_open"``.
+    """
+
+    def __init__(
+        self, name: str, retry_after: float, state: str = "open"
+    ) -> None:
+        self.name = name
+        self.retry_after = retry_after
+        self.state = state
+        when = (
+            "until it is reset"
+            if retry_after == float("inf")
+            else f"next probe in {retry_after:.3f} s"
+        )
+        super().__init__(
+            f"circuit breaker {name!r} is {state.replace('_', '-')}; {when}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.name, self.retry_after, self.state))

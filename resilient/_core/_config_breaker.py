@@ -1,0 +1,288 @@
+"""
+The circuit breaker's configuration: frozen, validated data and nothing else.
+
+The breaker itself (machine, shells, registry) lives in `resilient._breaker`
+and reads these objects; nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Final, Literal, final
+
+import attrs
+
+from resilient._core._validate import (
+    check_number,
+    field_name,
+    positive,
+    positive_int,
+    to_seconds,
+)
+from resilient.exceptions import ConfigError, ConfigTypeError
+
+
+log: Final = logging.getLogger("resilient")
+
+FailureOn = (
+    type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
+)
+"""What `BreakerPolicy.failure_on` accepts."""
+
+Verdict = Literal["failure", "success", "ignore"]
+"""How a breaker counts an exception."""
+
+
+@final
+@attrs.frozen
+class CountWindow:
+    """
+    A count-based sliding window: the outcomes of the last *size* calls.
+
+    Args:
+        size: How many of the latest calls the failure rate is taken over.
+
+    .. versionadded:: 26.11.0
+    """
+
+    size: int = attrs.field(default=100, validator=positive_int)
+
+
+@final
+@attrs.frozen
+class TimeWindow:
+    """
+    A time-based sliding window: the calls of the last *seconds*.
+
+    Calls are kept in 60 buckets of ``seconds / 60`` each, so a call leaves
+    the window between 59/60 and 60/60 of *seconds* after it ended; memory
+    does not grow with traffic.
+
+    Args:
+        seconds: The window's length, in seconds (`datetime.timedelta` is
+            accepted).
+
+    .. versionadded:: 26.11.0
+    """
+
+    seconds: float = attrs.field(
+        default=60.0, converter=to_seconds, validator=positive
+    )
+
+
+def _check_window(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if not isinstance(value, CountWindow | TimeWindow):
+        raise ConfigTypeError(
+            field_name(inst, attribute),
+            value,
+            "must be a resilient.CountWindow or resilient.TimeWindow",
+        )
+
+
+def _rate(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """A fraction in (0, 1]."""
+    check_number(inst, attribute, value, strict=True)
+    if value > 1.0:  # type: ignore[operator]
+        raise ConfigError(field_name(inst, attribute), value, "must be <= 1.0")
+
+
+def _at_least_one(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_number(inst, attribute, value, minimum=1.0)
+
+
+def _positive_or_none(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_number(inst, attribute, value, strict=True, allow_none=True)
+
+
+def _exception_tuple(value: object) -> object:
+    """Let a single class (or a list) stand for a tuple."""
+    if isinstance(value, type):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def _check_classes(name: str, value: tuple[object, ...]) -> None:
+    for item in value:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ConfigTypeError(name, item, "must hold exception classes")
+        if not issubclass(item, Exception):
+            raise ConfigError(
+                name,
+                item,
+                "must hold Exception subclasses: cancellation, "
+                "KeyboardInterrupt and SystemExit never count",
+            )
+
+
+def _check_failure_on(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    name = field_name(inst, attribute)
+    if isinstance(value, tuple):
+        _check_classes(name, value)
+    elif not callable(value):
+        raise ConfigTypeError(
+            name, value, "must be exception classes or a predicate"
+        )
+
+
+def _check_ignore_on(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    name = field_name(inst, attribute)
+    if not isinstance(value, tuple):
+        raise ConfigTypeError(name, value, "must be exception classes")
+    _check_classes(name, value)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class BreakerPolicy:
+    """
+    How a circuit breaker decides: its window, thresholds and timings.
+
+    Frozen and validated at construction: a bad value raises `ConfigError`
+    (a `ValueError`) or `ConfigTypeError` (also a `TypeError`) naming the
+    field and the value. Make variants with `attrs.evolve` or `evolve`.
+
+    Args:
+        window: Which calls the rates are taken over: `TimeWindow` (the
+            last N seconds) or `CountWindow` (the last N calls).
+        failure_rate: Open when at least this fraction of the window's
+            calls failed, in (0, 1].
+        minimum_calls: Never open on fewer calls than this in the window.
+        slow_call_duration: Seconds after which a call counts as slow;
+            None turns slow-call tracking off.
+        slow_call_rate: Open when at least this fraction of the window's
+            calls were slow, in (0, 1].
+        open_interval: Seconds an opened breaker rejects calls before it
+            admits probes.
+        open_interval_growth: Each time half-open probes fail and the
+            breaker re-opens, the interval is multiplied by this (>= 1; 1
+            keeps it constant). It goes back to *open_interval* on close.
+        max_open_interval: Seconds; the interval never grows past this.
+        half_open_probes: At most this many probes run at once while
+            half-open, and this many successes in a row close the breaker.
+        probe_timeout: Seconds; a probe still running after this counts as
+            failed and re-opens the breaker, so a stuck probe cannot wedge
+            it half-open. Its late outcome is ignored.
+        failure_on: Which exceptions count as failures: exception classes
+            or a predicate. Other exceptions count as successes (the
+            dependency answered). Cancellation, `KeyboardInterrupt` and
+            `SystemExit` never count.
+        ignore_on: Exceptions that count neither way, checked first.
+
+    Defaults start from the common rule "5 failures in 60 s open the
+    breaker for 30 s, then 3 half-open test requests": a 60 s time window,
+    at least 5 calls, half of them failing, 30 s open, 3 probes. At low
+    traffic that is the rule as written; at high traffic a handful of
+    errors among thousands of calls does not cut a dependency off.
+
+    .. versionadded:: 26.11.0
+    """
+
+    window: CountWindow | TimeWindow = attrs.field(
+        factory=TimeWindow, validator=_check_window
+    )
+    failure_rate: float = attrs.field(
+        default=0.5, converter=to_seconds, validator=_rate
+    )
+    minimum_calls: int = attrs.field(default=5, validator=positive_int)
+    slow_call_duration: float | None = attrs.field(
+        default=None, converter=to_seconds, validator=_positive_or_none
+    )
+    slow_call_rate: float = attrs.field(
+        default=1.0, converter=to_seconds, validator=_rate
+    )
+    open_interval: float = attrs.field(
+        default=30.0, converter=to_seconds, validator=positive
+    )
+    open_interval_growth: float = attrs.field(
+        default=1.0, converter=to_seconds, validator=_at_least_one
+    )
+    max_open_interval: float = attrs.field(
+        default=300.0, converter=to_seconds, validator=positive
+    )
+    half_open_probes: int = attrs.field(default=3, validator=positive_int)
+    probe_timeout: float = attrs.field(
+        default=10.0, converter=to_seconds, validator=positive
+    )
+    failure_on: tuple[type[Exception], ...] | Callable[[Exception], bool] = (
+        attrs.field(
+            default=(Exception,),
+            converter=_exception_tuple,
+            validator=_check_failure_on,
+        )
+    )
+    ignore_on: tuple[type[Exception], ...] = attrs.field(
+        default=(), converter=_exception_tuple, validator=_check_ignore_on
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_open_interval < self.open_interval:
+            raise ConfigError(
+                "BreakerPolicy.max_open_interval",
+                self.max_open_interval,
+                f"must be >= BreakerPolicy.open_interval "
+                f"({self.open_interval:g})",
+            )
+        window = self.window
+        if isinstance(window, CountWindow) and window.size < (
+            self.minimum_calls
+        ):
+            raise ConfigError(
+                "BreakerPolicy.minimum_calls",
+                self.minimum_calls,
+                f"must be <= the CountWindow size ({window.size}), "
+                "or the breaker could never open",
+            )
+
+    def verdict(self, exc: BaseException) -> Verdict:
+        """
+        How *exc* counts: ``"failure"``, ``"success"`` or ``"ignore"``.
+
+        A `BaseException` that is not an `Exception` (cancellation,
+        `KeyboardInterrupt`, `SystemExit`) is always ignored. A *failure_on*
+        predicate that raises is logged and its exception counts as a
+        failure.
+        """
+        if not isinstance(exc, Exception) or isinstance(exc, self.ignore_on):
+            return "ignore"
+        test = self.failure_on
+        if isinstance(test, tuple):
+            return "failure" if isinstance(exc, test) else "success"
+        try:
+            failed = bool(test(exc))
+        except Exception:
+            log.exception(
+                "resilient: failure_on predicate %r raised; counted as a "
+                "failure",
+                test,
+            )
+            failed = True
+        return "failure" if failed else "success"
+
+    def evolve(self, **changes: Any) -> BreakerPolicy:
+        """
+        A copy with *changes* applied and validated again.
+
+        Example:
+            >>> import resilient
+            >>> resilient.BreakerPolicy().evolve(open_interval=5).open_interval
+            5.0
+        """
+        return attrs.evolve(self, **changes)
+
+
+__all__ = ["BreakerPolicy", "CountWindow", "TimeWindow"]
