@@ -15,6 +15,8 @@ import pytest
 import trio
 
 import resilient
+import resilient.testing
+from resilient._core import _validate
 from resilient._core._hints import default_retry_after
 
 
@@ -374,3 +376,82 @@ def test_repr_of_a_default_value_given_explicitly() -> None:
     """Passing a default explicitly does not clutter the repr."""
     p = resilient.Policy(name="db", attempts=4, budget=30)
     assert repr(p) == "Policy(name='db')"
+
+
+# --- a policy is a decorator
+
+
+def test_policy_decorates(clock: resilient.testing.FakeClock) -> None:
+    """``@policy`` retries the function as the policy says."""
+    calls: list[int] = []
+    policy = resilient.Policy(
+        name="deco", attempts=3, backoff=resilient.Constant(seconds=1.0)
+    )
+
+    @policy
+    def flaky(x: int) -> int:
+        calls.append(x)
+        if len(calls) < 3:
+            raise ConnectionError
+        return x * 2
+
+    assert flaky(21) == 42
+    assert calls == [21, 21, 21]
+    assert clock.sleeps == [1.0, 1.0]
+
+
+# --- the shared validators, on a class of their own
+
+
+@attrs.frozen(kw_only=True)
+class Knobs:
+    """Exercises the validators no Policy field uses yet."""
+
+    count: int = attrs.field(default=1, validator=_validate.positive_int)
+    share: float = attrs.field(
+        default=0.5,
+        converter=_validate.to_seconds,
+        validator=_validate.probability,
+    )
+    limit: int | None = attrs.field(
+        default=None, validator=_validate.positive_int_or_none
+    )
+    wait: float = attrs.field(
+        default=1.0,
+        converter=_validate.to_seconds,
+        validator=_validate.positive,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "error"),
+    [
+        ({"count": 0}, "Knobs.count", ConfigError),
+        ({"count": None}, "Knobs.count", ConfigTypeError),
+        ({"count": True}, "Knobs.count", ConfigTypeError),
+        ({"share": 1.5}, "Knobs.share", ConfigError),
+        ({"share": -0.1}, "Knobs.share", ConfigError),
+        ({"share": math.nan}, "Knobs.share", ConfigError),
+        ({"share": "half"}, "Knobs.share", ConfigTypeError),
+        ({"limit": 0}, "Knobs.limit", ConfigError),
+        ({"limit": 1.0}, "Knobs.limit", ConfigTypeError),
+        ({"wait": 0.0}, "Knobs.wait", ConfigError),
+        ({"wait": None}, "Knobs.wait", ConfigTypeError),
+        ({"wait": -(10**400)}, "Knobs.wait", ConfigError),
+    ],
+)
+def test_shared_validators_refuse(
+    kwargs: dict[str, Any], field: str, error: type[ConfigError]
+) -> None:
+    """Each shared validator refuses its bad values, naming the field."""
+    with pytest.raises(error) as info:
+        Knobs(**kwargs)
+    assert type(info.value) is error
+    assert info.value.field == field
+
+
+def test_shared_validators_accept() -> None:
+    """The edges of each shared validator's range are accepted."""
+    assert Knobs(share=0, count=10**30, limit=1).share == 0.0
+    assert Knobs(share=1).share == 1.0
+    assert Knobs(limit=None, wait=dt.timedelta(microseconds=1)).wait == 1e-6
