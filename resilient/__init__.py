@@ -42,12 +42,22 @@ from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
+from resilient._timeout import (
+    TimeoutScope,
+    deadline_from_header,
+    deadline_header,
+    parse_deadline_header,
+    timeout,
+    timeout_at,
+)
 from resilient.exceptions import (
     CircuitOpen,
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
     ResilientError,
+    ScopeCancelled,
+    TimedOut,
 )
 
 
@@ -77,18 +87,26 @@ __all__ = [
     "RetryEvent",
     "RetryMachine",
     "Retrying",
+    "ScopeCancelled",
     "TimeWindow",
+    "TimedOut",
+    "TimeoutScope",
     "breaker",
     "checkpoint",
     "configure_telemetry",
     "deadline",
+    "deadline_from_header",
+    "deadline_header",
     "default_retry_after",
+    "parse_deadline_header",
     "parse_retry_after",
     "remaining",
     "retry",
     "retrying",
     "schedule",
     "set_breaker_defaults",
+    "timeout",
+    "timeout_at",
 ]
 
 

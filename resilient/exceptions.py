@@ -20,6 +20,8 @@ __all__ = [
     "ConfigTypeError",
     "DeadlineExceeded",
     "ResilientError",
+    "ScopeCancelled",
+    "TimedOut",
 ]
 
 
@@ -126,3 +128,42 @@ class CircuitOpen(ResilientError):  # noqa: N818
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.name, self.retry_after, self.state))
+
+
+class TimedOut(DeadlineExceeded):
+    """
+    A timeout scope (`resilient.timeout` and friends) ran out of time.
+
+    Raised by the scope whose own deadline passed, never by a scope inside
+    it that an enclosing deadline cut short.
+
+    Attributes:
+        deadline: The scope's absolute deadline on resilient's clock.
+        scope: The `resilient.TimeoutScope` that fired.
+    """
+
+    def __init__(self, deadline: float, scope: object) -> None:
+        self.scope = scope
+        super().__init__(deadline, "timeout")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.deadline, None))
+
+
+class ScopeCancelled(BaseException):
+    """
+    Unwinds sync code out of a timeout scope that was cancelled or whose
+    deadline passed; the scope it names catches it.
+
+    A `BaseException`, like trio's ``Cancelled``, so that ``except
+    Exception`` in the code being stopped does not swallow it and retry
+    never retries it. Seen only by code that catches `BaseException` or
+    runs a scope's work in another thread.
+
+    Attributes:
+        scope: The `resilient.TimeoutScope` that fired.
+    """
+
+    def __init__(self, scope: object) -> None:
+        self.scope = scope
+        super().__init__(f"cancelled by {scope!r}")

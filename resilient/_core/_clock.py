@@ -14,7 +14,7 @@ import contextvars
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, Protocol, final
 
 import anyio
 import anyio.lowlevel
@@ -48,8 +48,15 @@ class MonotonicClock:
     def sleep(self, seconds: float) -> None:
         """
         Block the calling thread for *seconds*.
+
+        Inside a cancel scope (`resilient.timeout`) the wait ends early,
+        raising, when the scope is cancelled (from any thread) or its
+        deadline passes.
         """
-        if seconds > 0:
+        scope = _SCOPE.get()
+        if scope is not None:
+            scope.wait(seconds)
+        elif seconds > 0:
             time.sleep(seconds)
 
     async def asleep(self, seconds: float) -> None:
@@ -112,10 +119,20 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         """
         Record the sleep and advance the clock by it, without blocking.
+
+        Inside a cancel scope (`resilient.timeout`) the clock stops at the
+        scope's deadline and the sleep raises, or raises at once when the
+        scope is already cancelled.
         """
+        scope = _SCOPE.get()
         with self._lock:
             self.sleeps.append(seconds)
-            self._now += max(seconds, 0.0)
+            step = max(seconds, 0.0)
+            if scope is not None:
+                step = min(step, max(scope.wake_at() - self._now, 0.0))
+            self._now += step
+        if scope is not None:
+            scope.check()
 
     async def asleep(self, seconds: float) -> None:
         """
@@ -149,6 +166,28 @@ def set_clock(clock: Clock) -> Clock:
     global _clock
     previous, _clock = _clock, clock
     return previous
+
+
+class _Scope(Protocol):
+    """
+    A cancel scope as the sleeps see it; `resilient._timeout` makes them.
+    """
+
+    def wait(self, seconds: float) -> None:
+        """Block up to *seconds* of real time; raise if the scope fires."""
+
+    def wake_at(self) -> float:
+        """When the scope fires, on the clock (-inf once cancelled)."""
+
+    def check(self) -> None:
+        """Raise (or cancel the async scope) if the scope has fired."""
+
+
+# The innermost cancel scope of the current context, or None. The sleeps
+# hand their wait to it so that cancelling the scope wakes them.
+_SCOPE: Final[contextvars.ContextVar[_Scope | None]] = contextvars.ContextVar(
+    "resilient_scope", default=None
+)
 
 
 # The absolute deadline of the current context, on the current clock.
