@@ -501,3 +501,34 @@ def test_deadline_reads_the_installed_clock() -> None:
             assert _clock.remaining() == 5.0
     finally:
         set_clock(previous)
+
+
+# --- sleeps inside a timeout scope
+
+
+def test_fake_sleep_stops_at_an_enclosing_timeout(clock: FakeClock) -> None:
+    """
+    A fake sleep inside `resilient.timeout` moves the clock only up to the
+    scope's deadline and ends the scope, recording the sleep as asked.
+    """
+    with pytest.raises(resilient.TimedOut), resilient.timeout(5):
+        clock.sleep(60)
+    assert clock.now() == 1005.0
+    assert clock.sleeps == [60]
+
+
+def test_fake_sleep_within_a_timeout_is_untouched(clock: FakeClock) -> None:
+    """A sleep that ends before the scope's deadline runs in full."""
+    with resilient.timeout(5):
+        clock.sleep(2)
+        assert resilient.remaining() == 3.0
+    assert clock.now() == 1002.0
+
+
+def test_real_sleep_wakes_when_its_timeout_fires() -> None:
+    """
+    A real sleep inside `resilient.timeout` wakes when the scope fires
+    instead of sleeping on (five real milliseconds here, not ten seconds).
+    """
+    with pytest.raises(resilient.TimedOut), resilient.timeout(0.005):
+        resilient.MonotonicClock().sleep(10)
