@@ -1,0 +1,523 @@
+"""
+resilient's circuit breaker and bulkhead side by side with their peers.
+
+Breakers (a hand-written one is the floor; pybreaker, circuitbreaker,
+aiobreaker and purgatory are the peers):
+
+- closed: the overhead of one successful call through a closed breaker;
+- open: the cost of one rejected call, the library's exception caught.
+
+Every breaker opens after 5 failures and stays open for an hour, so it
+cannot half-open during the run.
+
+Bulkheads: one acquire and release around a call, with no contention,
+against a bare `threading.Semaphore` (sync) and `anyio.Semaphore` (async).
+
+Usage::
+
+    python benchmarks/bench_breaker.py [--quick] [--rounds N]
+                                       [--block-ms MS] [--json FILE]
+
+With ``--json FILE`` the results go to ``FILE`` with ``.breaker`` before
+its suffix (``out.json`` gives ``out.breaker.json``), so that ``nox -s
+bench -- --json out.json`` keeps the retry results in ``out.json``.
+
+Not a test: it asserts nothing about the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import functools
+import itertools
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import trio
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _harness as h
+from resilient._breaker import breaker
+from resilient._bulkhead import bulkhead
+from resilient._core._config_breaker import BreakerPolicy, CountWindow
+from resilient.exceptions import CircuitOpen
+
+
+THRESHOLD = 5
+OPEN_FOR = 3600.0
+
+FLOOR = "floor (hand-written)"
+RES = "resilient"
+RES_COUNT = "resilient CountWindow(5)"
+BARE = "(undecorated call)"
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+NOTES = (
+    (
+        f"every breaker opens after {THRESHOLD} failures and stays open"
+        f" {OPEN_FOR:g} s; opened by {THRESHOLD} real failures"
+    ),
+    (
+        "floor: a consecutive-failure counter and an opened-at time;"
+        " no lock, not thread-safe"
+    ),
+    (
+        f"{RES}: resilient.breaker(name, BreakerPolicy(open_interval=3600,"
+        " max_open_interval=3600)): the default 60 s time window, opens at"
+        " >= 50% failures over >= 5 calls; lock-guarded, thread-safe"
+    ),
+    f"{RES_COUNT}: the same with window=CountWindow(size=5)",
+    "pybreaker: CircuitBreaker(fail_max=5, reset_timeout=3600); sync only",
+    (
+        "circuitbreaker: CircuitBreaker(failure_threshold=5,"
+        " recovery_timeout=3600)"
+    ),
+    (
+        "aiobreaker: CircuitBreaker(fail_max=5,"
+        " timeout_duration=timedelta(seconds=3600)); async only"
+    ),
+    (
+        "purgatory: Sync/AsyncCircuitBreakerFactory(default_threshold=5,"
+        " default_ttl=3600), its decorator (looks the breaker up per call)"
+    ),
+    (
+        "bulkheads: resilient.bulkhead(name, max_concurrent=25); no"
+        " contention, so nobody waits"
+    ),
+)
+
+
+class FloorOpen(Exception):  # noqa: N818
+    """The floor breaker's rejection."""
+
+
+class FloorBreaker:
+    """A hand-written breaker: the least a breaker can do."""
+
+    def __init__(self, threshold: int, open_for: float) -> None:
+        self.threshold = threshold
+        self.open_for = open_for
+        self.failures = 0
+        self.opened = -1.0
+
+    def admit(self) -> None:
+        """Raise `FloorOpen` while open; half-open means closed here."""
+        if self.opened >= 0:
+            if time.monotonic() - self.opened < self.open_for:
+                raise FloorOpen
+            self.opened = -1.0
+
+    def failed(self) -> None:
+        """Count a failure; open at the threshold."""
+        self.failures += 1
+        if self.failures >= self.threshold:
+            self.opened = time.monotonic()
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.admit()
+            try:
+                result = fn(*args, **kwargs)
+            except Exception:
+                self.failed()
+                raise
+            self.failures = 0
+            return result
+
+        return wrapper
+
+
+class AsyncFloorBreaker(FloorBreaker):
+    """The async twin of `FloorBreaker`."""
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.admit()
+            try:
+                result = await fn(*args, **kwargs)
+            except Exception:
+                self.failed()
+                raise
+            self.failures = 0
+            return result
+
+        return wrapper
+
+
+_names = itertools.count()
+
+
+def _resilient(window: CountWindow | None) -> Wrap:
+    config = BreakerPolicy(open_interval=OPEN_FOR, max_open_interval=OPEN_FOR)
+    if window is not None:
+        config = BreakerPolicy(
+            window=window, open_interval=OPEN_FOR, max_open_interval=OPEN_FOR
+        )
+    return breaker(f"bench-{next(_names)}", config)
+
+
+def _pybreaker() -> Wrap:
+    import pybreaker
+
+    return pybreaker.CircuitBreaker(fail_max=THRESHOLD, reset_timeout=OPEN_FOR)
+
+
+def _circuitbreaker() -> Wrap:
+    import circuitbreaker
+
+    return circuitbreaker.CircuitBreaker(  # type: ignore[no-any-return]
+        failure_threshold=THRESHOLD,
+        recovery_timeout=OPEN_FOR,
+        name=f"bench-{next(_names)}",
+    )
+
+
+def _aiobreaker() -> Wrap:
+    import aiobreaker
+
+    return aiobreaker.CircuitBreaker(  # type: ignore[no-any-return]
+        fail_max=THRESHOLD, timeout_duration=dt.timedelta(seconds=OPEN_FOR)
+    )
+
+
+def _purgatory(*, is_async: bool) -> Wrap:
+    import purgatory
+
+    factory_type = (
+        purgatory.AsyncCircuitBreakerFactory
+        if is_async
+        else purgatory.SyncCircuitBreakerFactory
+    )
+    factory = factory_type(default_threshold=THRESHOLD, default_ttl=OPEN_FOR)
+    return factory(f"bench-{next(_names)}")  # type: ignore[no-any-return]
+
+
+def rejections() -> tuple[type[BaseException], ...]:
+    """Every contender's "the breaker is open" exception."""
+    import aiobreaker
+    import circuitbreaker
+    import pybreaker
+    from purgatory.domain.model import OpenedState
+
+    return (
+        FloorOpen,
+        CircuitOpen,
+        pybreaker.CircuitBreakerError,
+        circuitbreaker.CircuitBreakerError,
+        aiobreaker.CircuitBreakerError,
+        OpenedState,
+    )
+
+
+def breakers(is_async: bool) -> list[tuple[str, Callable[[], Wrap]]]:
+    """(name, factory of a fresh breaker) per contender of one runtime."""
+    rows: list[tuple[str, Callable[[], Wrap]]] = [
+        (
+            FLOOR,
+            functools.partial(
+                AsyncFloorBreaker if is_async else FloorBreaker,
+                THRESHOLD,
+                OPEN_FOR,
+            ),
+        ),
+        (RES, functools.partial(_resilient, None)),
+        (RES_COUNT, functools.partial(_resilient, CountWindow(size=5))),
+    ]
+    if not is_async:
+        rows.append(("pybreaker", _pybreaker))
+    rows.append(("circuitbreaker", _circuitbreaker))
+    if is_async:
+        rows.append(("aiobreaker", _aiobreaker))
+    rows.append(
+        ("purgatory", functools.partial(_purgatory, is_async=is_async))
+    )
+    return rows
+
+
+class DependencyError(Exception):
+    """What the failing dependency raises."""
+
+
+def ok() -> int:
+    return 1
+
+
+def fail() -> int:
+    raise DependencyError
+
+
+async def aok() -> int:
+    return 1
+
+
+async def afail() -> int:
+    raise DependencyError
+
+
+def _open_sync(wrap: Wrap) -> Callable[[], int]:
+    """Decorate `fail`, trip the breaker with real failures, check it."""
+    guarded: Callable[[], int] = wrap(fail)
+    caught = rejections()
+    either: tuple[type[BaseException], ...] = (DependencyError, *caught)
+    for _ in range(THRESHOLD):
+        with contextlib.suppress(either):
+            guarded()
+    try:
+        guarded()
+    except caught:
+        return guarded
+    except DependencyError:
+        pass
+    raise RuntimeError(f"{wrap!r} did not open after {THRESHOLD} failures")
+
+
+async def _open_async(wrap: Wrap) -> Callable[[], Awaitable[int]]:
+    guarded: Callable[[], Awaitable[int]] = wrap(afail)
+    caught = rejections()
+    either: tuple[type[BaseException], ...] = (DependencyError, *caught)
+    for _ in range(THRESHOLD):
+        with contextlib.suppress(either):
+            await guarded()
+    try:
+        await guarded()
+    except caught:
+        return guarded
+    except DependencyError:
+        pass
+    raise RuntimeError(f"{wrap!r} did not open after {THRESHOLD} failures")
+
+
+def _sync_calls(fn: Callable[[], int]) -> h.SyncRun:
+    def run(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            fn()
+
+    return run
+
+
+def _sync_rejections(fn: Callable[[], int]) -> h.SyncRun:
+    caught = rejections()
+
+    def run(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            try:
+                fn()
+            except caught:
+                continue
+
+    return run
+
+
+def _async_calls(fn: Callable[[], Awaitable[int]]) -> h.AsyncRun:
+    async def run(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            await fn()
+
+    return run
+
+
+def _async_rejections(fn: Callable[[], Awaitable[int]]) -> h.AsyncRun:
+    caught = rejections()
+
+    async def run(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            try:
+                await fn()
+            except caught:
+                continue
+
+    return run
+
+
+def sync_cases() -> list[h.Case]:
+    """Breakers closed and open, and bulkheads, in sync code."""
+    cases = [h.Case("sync breaker closed", BARE, run=_sync_calls(ok))]
+    for name, make in breakers(is_async=False):
+        cases.append(
+            h.Case("sync breaker closed", name, run=_sync_calls(make()(ok)))
+        )
+        cases.append(
+            h.Case(
+                "sync breaker open",
+                name,
+                run=_sync_rejections(_open_sync(make())),
+            )
+        )
+
+    group = "sync bulkhead"
+    sem = threading.Semaphore(25)
+    bounded = threading.BoundedSemaphore(25)
+    bh = bulkhead(f"bench-{next(_names)}", max_concurrent=25)
+    decorated = bh(ok)
+
+    def with_sem(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            with sem:
+                ok()
+
+    def with_bounded(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            with bounded:
+                ok()
+
+    def with_bulkhead(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            with bh:
+                ok()
+
+    cases += [
+        h.Case(group, BARE, run=_sync_calls(ok)),
+        h.Case(group, "threading.Semaphore", run=with_sem),
+        h.Case(group, "threading.BoundedSemaphore", run=with_bounded),
+        h.Case(group, "resilient with bulkhead", run=with_bulkhead),
+        h.Case(group, "resilient @bulkhead", run=_sync_calls(decorated)),
+    ]
+    return cases
+
+
+async def async_cases(backend: str) -> list[h.Case]:
+    """Breakers (asyncio only) and bulkheads in async code."""
+    cases: list[h.Case] = []
+    if backend == "asyncio":
+        closed, opened = "asyncio breaker closed", "asyncio breaker open"
+        cases.append(h.Case(closed, BARE, arun=_async_calls(aok)))
+        for name, make in breakers(is_async=True):
+            cases.append(h.Case(closed, name, arun=_async_calls(make()(aok))))
+            guarded = await _open_async(make())
+            cases.append(h.Case(opened, name, arun=_async_rejections(guarded)))
+
+    group = f"{backend} bulkhead"
+    sem = anyio.Semaphore(25)
+    bh = bulkhead(f"bench-{next(_names)}", max_concurrent=25)
+    decorated = bh(aok)
+
+    async def with_sem(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            async with sem:
+                await aok()
+
+    async def with_bulkhead(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            async with bh:
+                await aok()
+
+    cases += [
+        h.Case(group, BARE, arun=_async_calls(aok)),
+        h.Case(group, "anyio.Semaphore", arun=with_sem),
+    ]
+    native: Any = (
+        asyncio.Semaphore(25) if backend == "asyncio" else trio.Semaphore(25)
+    )
+
+    async def with_native(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            async with native:
+                await aok()
+
+    cases += [
+        h.Case(group, f"{backend}.Semaphore", arun=with_native),
+        h.Case(group, "resilient async with bulkhead", arun=with_bulkhead),
+        h.Case(group, "resilient @bulkhead", arun=_async_calls(decorated)),
+    ]
+    return cases
+
+
+def _floors(group: str) -> str:
+    if group.endswith("bulkhead"):
+        return (
+            "threading.Semaphore"
+            if group.startswith("sync")
+            else ("anyio.Semaphore")
+        )
+    return FLOOR
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument(
+        "--quick", action="store_true", help="5 rounds of 4 ms blocks"
+    )
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--block-ms", type=float, default=None, help="ms per timed block"
+    )
+    parser.add_argument("--json", metavar="FILE", default=None)
+    parser.add_argument(
+        "--strace", action="store_true", help=argparse.SUPPRESS
+    )
+    args = parser.parse_args(argv)
+
+    base = h.Settings(rounds=5, block_ms=4.0) if args.quick else h.Settings()
+    settings = h.Settings(
+        rounds=args.rounds or base.rounds,
+        block_ms=args.block_ms or base.block_ms,
+    )
+    started = time.perf_counter()
+    info = h.machine()
+    print(
+        f"resilient breaker and bulkhead benchmark: {info['date']}, "
+        f"{info['cpu']}, nproc={info['nproc']}, Python {info['python']}"
+    )
+    print(
+        f"{settings.rounds} interleaved rounds of ~{settings.block_ms:g} ms"
+        " blocks per contender; median and min of per-call times\n"
+    )
+
+    cases = sync_cases()
+    h.measure_sync(cases, settings)
+    all_cases = list(cases)
+    for backend in ("asyncio", "trio"):
+
+        async def run(backend: str = backend) -> None:
+            mine = await async_cases(backend)
+            await h.measure_async(mine, settings)
+            all_cases.extend(mine)
+
+        anyio.run(run, backend=backend)
+
+    groups: dict[str, list[h.Row]] = {}
+    for group in dict.fromkeys(c.group for c in all_cases):
+        members = [c for c in all_cases if c.group == group]
+        groups.update(h.rows_of(members, floor=_floors(group), reference=RES))
+    for group, rows in groups.items():
+        if group.endswith("bulkhead"):
+            for row in rows:
+                mine = next(
+                    (r for r in rows if r.name.startswith("resilient")), None
+                )
+                row.vs_resilient = (
+                    row.median_ns / mine.median_ns if mine else None
+                )
+        what = "per rejection" if group.endswith("open") else "per call"
+        print(h.format_table(f"{group} ({what})", [], rows))
+        print()
+    print("Configuration:")
+    for note in NOTES:
+        print(f"  - {note}")
+    print(f"\n(total {time.perf_counter() - started:.1f} s)")
+
+    if args.json:
+        path = Path(args.json)
+        out = path.with_name(f"{path.stem}.breaker{path.suffix or '.json'}")
+        h.write_json(
+            str(out), settings, groups, {}, {"configuration": list(NOTES)}
+        )
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
