@@ -273,7 +273,7 @@ def _open_sync(wrap: Wrap) -> Callable[[], int]:
     caught = rejections()
     either: tuple[type[BaseException], ...] = (DependencyError, *caught)
     for _ in range(THRESHOLD):
-        with contextlib.suppress(either):
+        with contextlib.suppress(*either):
             guarded()
     try:
         guarded()
@@ -289,7 +289,7 @@ async def _open_async(wrap: Wrap) -> Callable[[], Awaitable[int]]:
     caught = rejections()
     either: tuple[type[BaseException], ...] = (DependencyError, *caught)
     for _ in range(THRESHOLD):
-        with contextlib.suppress(either):
+        with contextlib.suppress(*either):
             await guarded()
     try:
         await guarded()
