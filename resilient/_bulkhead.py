@@ -656,31 +656,25 @@ class Registry(Generic[_Item, _Config]):
             ConfigError: *name* is empty, or *config* differs from the one
                 the existing item was made with.
         """
+        _check_name(self._kind, name)
         with self._lock:
             item = self._items.get(name)
-            if item is not None:
-                self._items.move_to_end(name)
-                existing = item.config
-                if config is not None and config != existing:
-                    raise ConfigError(
-                        f"{self._kind}({name!r}).config",
-                        config,
-                        f"conflicts with the configuration it already has, "
-                        f"{existing!r}",
-                    )
+            if item is None:
+                item = self._make(
+                    name, self._default() if config is None else config
+                )
+                self._items[name] = item
+                self._evict()
                 return item
-        _check_name(self._kind, name)
-        made = self._make(name, self._default() if config is None else config)
-        with self._lock:
-            item = self._items.setdefault(name, made)
-            self._evict()
-            if item is not made and config is not None:
-                existing = item.config
-                if config != existing:  # pragma: no cover (rare race)
-                    raise ConfigError(
-                        f"{self._kind}({name!r}).config", config, "conflicts"
-                    )
-            return item
+            self._items.move_to_end(name)
+        if config is not None and config != item.config:
+            raise ConfigError(
+                f"{self._kind}({name!r}).config",
+                config,
+                f"conflicts with the configuration it already has, "
+                f"{item.config!r}",
+            )
+        return item
 
     def _evict(self) -> None:
         excess = len(self._items) - self.limit

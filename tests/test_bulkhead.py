@@ -1,0 +1,992 @@
+"""
+Bulkhead: the slot machine directly, then every scenario against threads
+and against tasks (asyncio and trio), in virtual time; cancellation, stress,
+statistics, telemetry and configuration.
+
+Async actors run in an event loop in a helper thread (an anyio blocking
+portal), so that one scenario, written once as plain code in the test
+thread, drives threads or tasks alike; releasing their permits from the test
+thread exercises the cross-thread hand-off. Same-thread hand-offs are tested
+by the pure async tests further down.
+
+Waits in virtual time: with a FakeClock the waiters re-read the clock every
+few real milliseconds, so a test advances the clock and the waiter notices.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import pytest
+
+import resilient
+from resilient._bulkhead import (
+    BULKHEADS,
+    Bulkhead,
+    BulkheadMachine,
+    BulkheadStatistics,
+    Permit,
+    bulkhead,
+    get_bulkhead,
+)
+from resilient._core._config_bulkhead import BulkheadConfig
+from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
+from tests.conftest import Driver, Telemetry
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry() -> Iterator[None]:
+    """Every test starts with no bulkheads."""
+    BULKHEADS.clear()
+    yield
+    BULKHEADS.clear()
+
+
+def wait_until(predicate: Callable[[], bool], limit: float = 10.0) -> None:
+    """Poll *predicate* (real time, 1 ms steps) until it holds."""
+    end = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > end:  # pragma: no cover (a hang)
+            raise AssertionError("condition never held")
+        time.sleep(0.001)
+
+
+def invariants(s: BulkheadStatistics) -> None:
+    """The counts of a snapshot add up."""
+    assert s.acquired == s.released + s.in_use
+    assert 0 <= s.in_use <= s.max_concurrent
+    assert 0 <= s.waiting <= s.max_waiting
+
+
+class Actors:
+    """
+    Concurrent callers of one colour: threads (``sync``) or tasks in an
+    asyncio or trio event loop running in a helper thread.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._portal_cm: Any = None
+        self.portal: Any = None
+        if kind != "sync":
+            self._portal_cm = anyio.from_thread.start_blocking_portal(kind)
+            self.portal = self._portal_cm.__enter__()
+
+    def close(self) -> None:
+        if self._portal_cm is not None:
+            self._portal_cm.__exit__(None, None, None)
+
+    def acquire(self, bh: Bulkhead, timeout: float | None = None) -> Permit:
+        """Acquire in this colour, blocking the test until it returns."""
+        if self.kind == "sync":
+            return bh.acquire(timeout)
+        return self.portal.call(bh.acquire_async, timeout)  # type: ignore[no-any-return]
+
+    def start(
+        self,
+        bh: Bulkhead,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> Future[Permit]:
+        """Start one acquirer (inside *deadline*); its outcome."""
+        if self.kind == "sync":
+            fut: Future[Permit] = Future()
+
+            def body() -> None:
+                try:
+                    with resilient.deadline(deadline):
+                        fut.set_result(bh.acquire(timeout))
+                except BaseException as exc:
+                    fut.set_exception(exc)
+
+            threading.Thread(target=body, daemon=True).start()
+            return fut
+
+        async def abody() -> Permit:
+            with resilient.deadline(deadline):
+                return await bh.acquire_async(timeout)
+
+        return self.portal.start_task_soon(abody)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=["sync", "asyncio", "trio"])
+def actors(request: pytest.FixtureRequest) -> Iterator[Actors]:
+    """One scenario, three colours of callers: threads, asyncio, trio."""
+    a = Actors(request.param)
+    yield a
+    a.close()
+
+
+def queued(bh: Bulkhead, n: int) -> None:
+    """Wait until *n* callers queue on *bh*."""
+    wait_until(lambda: bh.statistics().waiting == n)
+
+
+# --------------------------------------------------------------------------
+# The machine, directly
+
+
+class TestMachine:
+    def machine(self, n: int = 1, waiting: int = 5) -> BulkheadMachine:
+        return BulkheadMachine(
+            "m", BulkheadConfig(max_concurrent=n, max_waiting=waiting)
+        )
+
+    def test_grants_until_full(self) -> None:
+        """Free slots are taken at once; then try_acquire says no."""
+        m = self.machine(2)
+        assert m.try_acquire()
+        assert m.try_acquire()
+        assert not m.try_acquire()
+        assert m.statistics().in_use == 2
+
+    def test_enqueue_takes_a_slot_freed_meanwhile(self) -> None:
+        """A slot freed between try_acquire and enqueue is taken."""
+        m = self.machine(1)
+        assert m.enqueue(0.0, 1.0, "timeout", lambda: None) is None
+        assert m.statistics().in_use == 1
+
+    def test_no_wait_allowed_rejects_full(self) -> None:
+        """With no time to wait, the answer is "full" (or "deadline")."""
+        m = self.machine(1)
+        m.try_acquire()
+        assert m.enqueue(0.0, 0.0, "timeout", lambda: None) == "full"
+        assert m.enqueue(0.0, 0.0, "deadline", lambda: None) == "deadline"
+        assert m.statistics().rejected == 2
+
+    def test_queue_bound(self) -> None:
+        """Past max_waiting, callers are refused with "queue_full"."""
+        m = self.machine(1, waiting=1)
+        m.try_acquire()
+        assert not isinstance(m.enqueue(0.0, 1.0, "timeout", lambda: 0), str)
+        assert m.enqueue(0.0, 1.0, "timeout", lambda: 0) == "queue_full"
+
+    def test_release_hands_slot_to_first_waiter(self) -> None:
+        """FIFO: the first waiter is granted and woken; in_use stays."""
+        m = self.machine(1)
+        first = Permit(m)
+        m.try_acquire()
+        woken: list[str] = []
+        a = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("a"))
+        b = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("b"))
+        assert not isinstance(a, str | None)
+        assert not isinstance(b, str | None)
+        m.release(first)
+        assert woken == ["a"]
+        assert m.settle(a, 1.0) is True
+        assert m.settle(b, 1.0) is False
+        s = m.statistics()
+        assert (s.in_use, s.waiting, s.acquired, s.released) == (1, 1, 2, 1)
+        # A newcomer cannot overtake the queue.
+        assert not m.try_acquire()
+
+    def test_expired_waiter_leaves_queue(self) -> None:
+        """A waiter past its deadline settles with its reason, once."""
+        m = self.machine(1)
+        m.try_acquire()
+        w = m.enqueue(10.0, 2.0, "deadline", lambda: None)
+        assert not isinstance(w, str | None)
+        assert m.settle(w, 11.9) is False
+        assert m.settle(w, 12.0) == "deadline"
+        m.abandon(w)  # after expiry: nothing left to undo
+        s = m.statistics()
+        assert (s.waiting, s.rejected, s.timed_out, s.cancelled) == (
+            0,
+            1,
+            1,
+            0,
+        )
+
+    def test_cancel_while_waiting(self) -> None:
+        """A waiter abandoned before its grant leaves the queue."""
+        m = self.machine(1)
+        p = Permit(m)
+        m.try_acquire()
+        w = m.enqueue(0.0, 9.0, "timeout", lambda: None)
+        assert not isinstance(w, str | None)
+        m.abandon(w)
+        m.release(p)
+        s = m.statistics()
+        assert (s.in_use, s.waiting, s.cancelled) == (0, 0, 1)
+        invariants(s)
+
+    def test_cancel_just_after_grant_passes_slot_on(self) -> None:
+        """A waiter abandoned after its grant passes the slot to the next."""
+        m = self.machine(1)
+        p = Permit(m)
+        m.try_acquire()
+        woken: list[str] = []
+        a = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("a"))
+        b = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("b"))
+        assert not isinstance(a, str | None)
+        assert not isinstance(b, str | None)
+        m.release(p)
+        m.abandon(a)
+        assert woken == ["a", "b"]
+        assert m.settle(b, 0.0) is True
+        s = m.statistics()
+        assert (s.in_use, s.acquired, s.released, s.cancelled) == (1, 3, 2, 0)
+        invariants(s)
+
+    def test_cancel_just_after_grant_frees_slot(self) -> None:
+        """With nobody else waiting, the abandoned grant frees the slot."""
+        m = self.machine(1)
+        p = Permit(m)
+        m.try_acquire()
+        a = m.enqueue(0.0, 9.0, "timeout", lambda: None)
+        assert not isinstance(a, str | None)
+        m.release(p)
+        m.abandon(a)
+        m.abandon(a)  # twice changes nothing
+        s = m.statistics()
+        assert (s.in_use, s.acquired, s.released) == (0, 2, 2)
+        assert m.try_acquire()
+
+    def test_dead_waiter_skipped(self) -> None:
+        """A waiter whose wake-up fails (its loop is gone) is skipped."""
+        m = self.machine(1)
+        p = Permit(m)
+        m.try_acquire()
+
+        def dead() -> None:
+            raise anyio.RunFinishedError
+
+        m.enqueue(0.0, 9.0, "timeout", dead)
+        live = m.enqueue(0.0, 9.0, "timeout", lambda: None)
+        assert not isinstance(live, str | None)
+        m.release(p)
+        assert m.settle(live, 0.0) is True
+        s = m.statistics()
+        assert (s.in_use, s.waiting, s.acquired, s.released) == (1, 0, 3, 2)
+
+    def test_dead_last_waiter_frees_slot(self) -> None:
+        """With only a dead waiter queued, the slot becomes free."""
+        m = self.machine(1)
+        p = Permit(m)
+        m.try_acquire()
+
+        def dead() -> None:
+            raise RuntimeError("loop closed")
+
+        m.enqueue(0.0, 9.0, "timeout", dead)
+        m.release(p)
+        assert m.statistics().in_use == 0
+
+    def test_release_is_idempotent(self) -> None:
+        """Releasing a permit twice frees one slot."""
+        m = self.machine(2)
+        m.try_acquire()
+        m.try_acquire()
+        p = Permit(m)
+        p.release()
+        p.release()
+        assert p.released
+        assert m.statistics().in_use == 1
+
+
+# --------------------------------------------------------------------------
+# Scenarios against threads, asyncio tasks and trio tasks
+
+
+class TestScenarios:
+    def test_admits_up_to_max_concurrent(
+        self, actors: Actors, clock: Any
+    ) -> None:
+        """N callers get in at once; the next is refused when it may not
+        wait."""
+        bh = bulkhead("db", max_concurrent=3, max_wait=0)
+        permits = [actors.acquire(bh) for _ in range(3)]
+        with pytest.raises(BulkheadFull) as info:
+            actors.acquire(bh)
+        e = info.value
+        assert (e.name, e.reason, e.max_concurrent, e.waited) == (
+            "db",
+            "full",
+            3,
+            0.0,
+        )
+        for p in permits:
+            p.release()
+        s = bh.statistics()
+        assert (s.in_use, s.acquired, s.released, s.rejected) == (0, 3, 3, 1)
+
+    def test_waiter_gets_released_slot(
+        self, actors: Actors, clock: Any
+    ) -> None:
+        """A queued caller gets the slot the holder releases."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=5.0)
+        held = actors.acquire(bh)
+        fut = actors.start(bh)
+        queued(bh, 1)
+        assert not fut.done()
+        held.release()
+        permit = fut.result(timeout=10)
+        assert bh.statistics().in_use == 1
+        permit.release()
+        s = bh.statistics()
+        assert (s.in_use, s.acquired, s.released, s.timed_out) == (0, 2, 2, 0)
+
+    def test_fifo_order(self, actors: Actors, clock: Any) -> None:
+        """Waiters are served in the order they queued."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=None)
+        held = actors.acquire(bh)
+        futs = []
+        for i in range(4):
+            futs.append(actors.start(bh))
+            queued(bh, i + 1)
+        order = []
+        for expected, fut in enumerate(futs):
+            held.release()
+            held = fut.result(timeout=10)
+            order.append(expected)
+            assert all(not f.done() for f in futs[expected + 1 :])
+        held.release()
+        assert order == [0, 1, 2, 3]
+        assert bh.statistics().in_use == 0
+
+    def test_wait_times_out_in_virtual_time(
+        self, actors: Actors, clock: Any
+    ) -> None:
+        """A waiter is refused once max_wait passes on the clock."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=2.0)
+        held = actors.acquire(bh)
+        fut = actors.start(bh)
+        queued(bh, 1)
+        clock.advance(1.9)
+        time.sleep(0.02)
+        assert not fut.done()
+        clock.advance(0.1)
+        with pytest.raises(BulkheadFull) as info:
+            fut.result(timeout=10)
+        assert info.value.reason == "timeout"
+        assert info.value.waited == pytest.approx(2.0)
+        held.release()
+        s = bh.statistics()
+        assert (s.in_use, s.waiting, s.rejected, s.timed_out) == (0, 0, 1, 1)
+
+    def test_timeout_argument_overrides_max_wait(
+        self, actors: Actors, clock: Any
+    ) -> None:
+        """acquire(timeout=) replaces max_wait for that call."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=100.0)
+        held = actors.acquire(bh)
+        fut = actors.start(bh, timeout=1.0)
+        queued(bh, 1)
+        clock.advance(1.0)
+        with pytest.raises(BulkheadFull, match="timeout"):
+            fut.result(timeout=10)
+        with pytest.raises(BulkheadFull, match="full"):
+            actors.acquire(bh, timeout=0)
+        held.release()
+
+    def test_deadline_clips_wait(self, actors: Actors, clock: Any) -> None:
+        """The enclosing deadline ends the wait before max_wait does."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=10.0)
+        held = actors.acquire(bh)
+        fut = actors.start(bh, deadline=0.5)
+        queued(bh, 1)
+        clock.advance(0.5)
+        with pytest.raises(BulkheadFull) as info:
+            fut.result(timeout=10)
+        assert info.value.reason == "deadline"
+        held.release()
+
+    def test_expired_deadline_rejects_without_queueing(
+        self, actors: Actors, clock: Any
+    ) -> None:
+        """A full bulkhead and no time left: refused at once."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=10.0)
+        held = actors.acquire(bh)
+        fut = actors.start(bh, deadline=0.0)
+        with pytest.raises(BulkheadFull, match="deadline"):
+            fut.result(timeout=10)
+        assert bh.statistics().timed_out == 0
+        held.release()
+
+    def test_expired_deadline_still_admits_to_free_slot(
+        self, actors: Actors, clock: Any
+    ) -> None:
+        """A free slot is granted whatever the deadline says."""
+        bh = bulkhead("db", max_concurrent=1)
+        actors.start(bh, deadline=0.0).result(timeout=10).release()
+        assert bh.statistics().acquired == 1
+
+    def test_queue_full_rejects_at_once(
+        self, actors: Actors, clock: Any
+    ) -> None:
+        """Past max_waiting, a caller is refused without waiting."""
+        bh = bulkhead("db", max_concurrent=1, max_waiting=2, max_wait=5.0)
+        held = actors.acquire(bh)
+        futs = [actors.start(bh) for _ in range(2)]
+        queued(bh, 2)
+        with pytest.raises(BulkheadFull) as info:
+            actors.acquire(bh)
+        assert info.value.reason == "queue_full"
+        held.release()
+        futs[0].result(timeout=10).release()
+        futs[1].result(timeout=10).release()
+        s = bh.statistics()
+        invariants(s)
+        assert (s.acquired, s.rejected, s.in_use) == (3, 1, 0)
+
+    def test_no_queue(self, actors: Actors, clock: Any) -> None:
+        """max_waiting=0 refuses as soon as the slots are taken."""
+        bh = bulkhead("db", max_concurrent=1, max_waiting=0, max_wait=5.0)
+        held = actors.acquire(bh)
+        with pytest.raises(BulkheadFull, match="queue_full"):
+            actors.acquire(bh)
+        held.release()
+
+    def test_acquire_nowait(self, clock: Any) -> None:
+        """acquire_nowait takes a free slot or raises at once."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=5.0)
+        p = bh.acquire_nowait()
+        with pytest.raises(BulkheadFull, match="full"):
+            bh.acquire_nowait()
+        p.release()
+        bh.acquire_nowait().release()
+
+    def test_slot_freed_while_deciding_to_wait(
+        self, actors: Actors, clock: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A slot freed between the fast path and queueing is taken
+        without waiting."""
+        bh = bulkhead("db", max_concurrent=1)
+        monkeypatch.setattr(BulkheadMachine, "try_acquire", lambda _: False)
+        actors.acquire(bh).release()
+        s = bh.statistics()
+        assert (s.acquired, s.released, s.waiting) == (1, 1, 0)
+
+    def test_threads_and_tasks_share_slots(self, clock: Any) -> None:
+        """A thread and a task draw from the same slots, both ways."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=5.0)
+        with anyio.from_thread.start_blocking_portal("trio") as portal:
+            held = bh.acquire()
+            fut = portal.start_task_soon(bh.acquire_async)
+            queued(bh, 1)
+            held.release()  # from this thread to the task
+            task_permit = fut.result(timeout=10)
+            got: list[Permit] = []
+            t = threading.Thread(target=lambda: got.append(bh.acquire()))
+            t.start()
+            queued(bh, 1)
+            portal.call(task_permit.release)  # from the loop to a thread
+            t.join(10)
+            got[0].release()
+        s = bh.statistics()
+        assert (s.acquired, s.released, s.in_use) == (3, 3, 0)
+
+
+class TestCancellation:
+    @pytest.mark.parametrize("kind", ["asyncio", "trio"])
+    def test_task_cancelled_while_waiting(self, kind: str, clock: Any) -> None:
+        """A task cancelled in the queue leaves it; nothing is lost."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=None)
+        actors = Actors(kind)
+        try:
+            held = actors.acquire(bh)
+            fut = actors.start(bh)
+            queued(bh, 1)
+            fut.cancel()
+            queued(bh, 0)
+            held.release()
+        finally:
+            actors.close()
+        s = bh.statistics()
+        assert (s.in_use, s.waiting, s.cancelled) == (0, 0, 1)
+        invariants(s)
+
+    @pytest.mark.parametrize("kind", ["asyncio", "trio"])
+    def test_task_cancelled_just_after_grant(
+        self, kind: str, clock: Any
+    ) -> None:
+        """A task granted a slot and cancelled before it resumes gives the
+        slot to the next waiter, whether the cancel lands in the wait or
+        at the task's next checkpoint."""
+
+        async def main() -> None:
+            bh = bulkhead("db", max_concurrent=1, max_wait=None)
+            held = await bh.acquire_async()
+            box: list[anyio.CancelScope] = []
+            second_in: list[bool] = []
+
+            async def first() -> None:
+                with anyio.CancelScope() as scope:
+                    box.append(scope)
+                    permit = await bh.acquire_async()
+                    try:  # resumed with the grant before the cancel landed
+                        await anyio.lowlevel.checkpoint()
+                    finally:
+                        permit.release()
+
+            async def second() -> None:
+                async with bh:
+                    second_in.append(True)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                await wait_queued(bh, 1)
+                tg.start_soon(second)
+                await wait_queued(bh, 2)
+                held.release()  # grants the slot to the first waiter...
+                box[0].cancel()  # ...which is cancelled before it resumes
+            assert second_in == [True]
+            s = bh.statistics()
+            assert (s.in_use, s.waiting, s.cancelled) == (0, 0, 0)
+            assert s.acquired == s.released == 3
+
+        anyio.run(main, backend=kind)
+
+    def test_thread_interrupted_while_waiting(
+        self, clock: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A thread interrupted (KeyboardInterrupt) in the queue leaves it."""
+
+        class Interrupted(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                raise KeyboardInterrupt
+
+        bh = bulkhead("db", max_concurrent=1, max_wait=None)
+        held = bh.acquire()
+        monkeypatch.setattr("resilient._bulkhead.threading.Event", Interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            bh.acquire()
+        held.release()
+        s = bh.statistics()
+        assert (s.in_use, s.waiting, s.cancelled) == (0, 0, 1)
+
+    def test_thread_interrupted_just_after_grant(
+        self, clock: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A thread interrupted right after its grant passes the slot on."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=None)
+        held = bh.acquire()
+
+        class GrantThenInterrupt(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                held.release()  # the grant arrives...
+                assert self.is_set()
+                raise KeyboardInterrupt  # ...and so does a signal
+
+        monkeypatch.setattr(
+            "resilient._bulkhead.threading.Event", GrantThenInterrupt
+        )
+        with pytest.raises(KeyboardInterrupt):
+            bh.acquire()
+        s = bh.statistics()
+        assert (s.in_use, s.acquired, s.released, s.cancelled) == (0, 2, 2, 0)
+        bh.acquire_nowait().release()
+
+
+async def wait_queued(bh: Bulkhead, n: int) -> None:
+    """In a task: yield until *n* callers queue on *bh*."""
+    for _ in range(10_000):
+        if bh.statistics().waiting == n:
+            return
+        await anyio.sleep(0.0005)
+    raise AssertionError("never queued")  # pragma: no cover
+
+
+class TestSameLoop:
+    pytestmark = pytest.mark.anyio
+
+    async def test_same_loop_hand_off(self, clock: Any) -> None:
+        """Tasks in one loop hand slots to each other directly."""
+        bh = bulkhead("db", max_concurrent=2, max_wait=None)
+        inside = 0
+        peak = 0
+
+        async def worker() -> None:
+            nonlocal inside, peak
+            for _ in range(5):
+                async with bh:
+                    inside += 1
+                    peak = max(peak, inside)
+                    await anyio.lowlevel.checkpoint()
+                    inside -= 1
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(worker)
+        assert peak == 2
+        s = bh.statistics()
+        assert (s.acquired, s.released, s.in_use) == (30, 30, 0)
+
+    async def test_real_clock_timeout(self) -> None:
+        """On the real clock a waiter times out after max_wait."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=0.01)
+        async with bh:
+            with pytest.raises(BulkheadFull, match="timeout"):
+                await bh.acquire_async()
+
+    async def test_async_with_nests(self, clock: Any) -> None:
+        """Nested ``async with`` holds two permits and releases both."""
+        bh = bulkhead("db", max_concurrent=2)
+        async with bh as outer:
+            async with bh as inner:
+                assert bh.statistics().in_use == 2
+            assert inner.released
+            assert not outer.released
+        assert bh.statistics().in_use == 0
+
+
+def test_real_clock_thread_timeout() -> None:
+    """On the real clock a waiting thread times out after max_wait."""
+    bh = bulkhead("db", max_concurrent=1, max_wait=0.01)
+    with bh, pytest.raises(BulkheadFull, match="timeout"):
+        bh.acquire()
+    assert bh.statistics().timed_out == 1
+
+
+class TestForms:
+    def test_decorator(self, driver: Driver, clock: Any) -> None:
+        """@bulkhead holds a slot while the function runs, sync or async."""
+        bh = bulkhead("db", max_concurrent=1)
+
+        def body(x: int) -> tuple[int, int]:
+            return x, bh.statistics().in_use
+
+        assert driver.call(bh, body, 7) == (7, 1)
+        s = bh.statistics()
+        assert (s.in_use, s.acquired, s.released) == (0, 1, 1)
+
+    def test_decorator_releases_on_error(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """The slot comes back when the function raises."""
+        bh = bulkhead("db", max_concurrent=1)
+
+        def body() -> None:
+            raise ValueError
+
+        with pytest.raises(ValueError):
+            driver.call(bh, body)
+        assert bh.statistics().in_use == 0
+
+    def test_decorator_keeps_signature(self) -> None:
+        """The decorated function keeps its name and __wrapped__."""
+        bh = bulkhead("db")
+
+        def f(a: int, b: str = "") -> None: ...
+
+        g = bh(f)
+        assert g.__name__ == "f"
+        assert g.__wrapped__ is f  # type: ignore[attr-defined]
+
+    def test_with_block_and_permit(self, clock: Any) -> None:
+        """``with bh:`` and ``with bh.acquire():`` hold one slot each."""
+        bh = bulkhead("db", max_concurrent=2)
+        with bh as p, bh.acquire() as q:
+            assert bh.statistics().in_use == 2
+            assert not p.released
+        assert p.released
+        assert q.released
+        assert "released" in repr(p)
+        assert bh.statistics().in_use == 0
+
+    def test_exit_without_enter(self) -> None:
+        """Exiting a bulkhead never entered in this context is an error."""
+        bh = bulkhead("db")
+        with pytest.raises(RuntimeError, match="exited more often"):
+            bh.__exit__(None, None, None)
+
+    def test_with_is_per_thread(self, clock: Any) -> None:
+        """``with bh:`` in two threads tracks each thread's own permit."""
+        bh = bulkhead("db", max_concurrent=2)
+        barrier = threading.Barrier(2)
+
+        def body() -> None:
+            with bh:
+                barrier.wait(5)
+            barrier.wait(5)
+
+        threads = [threading.Thread(target=body) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        s = bh.statistics()
+        assert (s.acquired, s.released, s.in_use) == (2, 2, 0)
+
+    def test_repr(self) -> None:
+        """The repr shows slots in use and waiters."""
+        bh = bulkhead("db", max_concurrent=4)
+        with bh:
+            assert repr(bh) == "<Bulkhead 'db': 1/4 in use, 0 waiting>"
+
+
+# --------------------------------------------------------------------------
+# Stress
+
+
+def test_stress_threads() -> None:
+    """16 threads x 300 acquisitions never exceed N inside; counts add up."""
+    n = 3
+    bh = bulkhead("stress", max_concurrent=n, max_waiting=64, max_wait=None)
+    lock = threading.Lock()
+    inside = 0
+    peak = 0
+    violations = 0
+
+    def worker() -> None:
+        nonlocal inside, peak, violations
+        for _ in range(300):
+            with bh:
+                with lock:
+                    inside += 1
+                    peak = max(peak, inside)
+                    violations += inside > n
+                time.sleep(0)
+                with lock:
+                    inside -= 1
+
+    threads = [threading.Thread(target=worker) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    s = bh.statistics()
+    assert violations == 0
+    assert 1 <= peak <= n
+    assert (s.acquired, s.released, s.in_use, s.waiting) == (4800, 4800, 0, 0)
+    assert s.rejected == s.cancelled == 0
+
+
+def test_stress_threads_and_tasks_with_cancellation() -> None:
+    """Threads and tasks (asyncio and trio), some timing out and some
+    cancelled while waiting, inside, or just after their grant, share N
+    slots: never more than N inside, none lost, every request counted once.
+    """
+    n = 2
+    bh = bulkhead("mixed", max_concurrent=n, max_waiting=200, max_wait=None)
+    lock = threading.Lock()
+    state = {"inside": 0, "violations": 0, "entered": 0, "full": 0}
+
+    def enter() -> None:
+        with lock:
+            state["inside"] += 1
+            state["violations"] += state["inside"] > n
+            state["entered"] += 1
+
+    def leave() -> None:
+        with lock:
+            state["inside"] -= 1
+
+    def thread_worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(150):
+            try:
+                with bh.acquire(timeout=rng.choice([None, 0.0, 0.0005])):
+                    enter()
+                    time.sleep(0)
+                    leave()
+            except BulkheadFull:
+                with lock:
+                    state["full"] += 1
+
+    async def task_worker(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(60):
+            with anyio.move_on_after(rng.choice([1.0, 0.0005, 0.0])):
+                async with bh:
+                    enter()
+                    try:
+                        await anyio.lowlevel.checkpoint()
+                    finally:
+                        leave()
+
+    def loop(kind: str, base: int) -> None:
+        async def main() -> None:
+            async with anyio.create_task_group() as tg:
+                for i in range(8):
+                    tg.start_soon(task_worker, base + i)
+
+        anyio.run(main, backend=kind)
+
+    threads = [
+        threading.Thread(target=thread_worker, args=(i,)) for i in range(6)
+    ]
+    threads.append(threading.Thread(target=loop, args=("asyncio", 100)))
+    threads.append(threading.Thread(target=loop, args=("trio", 200)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    s = bh.statistics()
+    assert state["violations"] == 0
+    assert state["inside"] == 0
+    assert (s.in_use, s.waiting) == (0, 0)
+    # Grants abandoned just after they came count as acquired, not entered.
+    assert s.acquired == s.released >= state["entered"]
+    assert s.rejected == state["full"]
+    assert s.acquired + s.rejected + s.cancelled == 6 * 150 + 2 * 8 * 60
+
+
+# --------------------------------------------------------------------------
+# Registry, configuration, telemetry
+
+
+class TestRegistry:
+    def test_one_per_name(self) -> None:
+        """The same name gives the same bulkhead."""
+        a = bulkhead("db", max_concurrent=3)
+        assert get_bulkhead("db") is a
+        assert bulkhead("db") is a
+        assert get_bulkhead("db", BulkheadConfig(max_concurrent=3)) is a
+        assert get_bulkhead("other") is not a
+
+    def test_conflicting_config(self) -> None:
+        """A different configuration for an existing name is refused."""
+        bulkhead("db", max_concurrent=3)
+        with pytest.raises(ConfigError, match=r"Bulkhead\('db'\)\.config"):
+            bulkhead("db", max_concurrent=4)
+
+    def test_config_and_knobs(self) -> None:
+        """A config object and keywords together are refused."""
+        with pytest.raises(TypeError, match="not both"):
+            bulkhead("db", BulkheadConfig(), max_concurrent=2)
+
+    def test_bad_config_type(self) -> None:
+        """A config that is not a BulkheadConfig is refused."""
+        with pytest.raises(ConfigTypeError, match="bulkhead"):
+            get_bulkhead("db", {"max_concurrent": 2})  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize(
+        ("name", "error"),
+        [("", ConfigError), ("  ", ConfigError), (3, TypeError)],
+    )
+    def test_bad_name(self, name: Any, error: type[Exception]) -> None:
+        """Names are non-empty strings."""
+        with pytest.raises(error, match=r"Bulkhead\(name\)"):
+            get_bulkhead(name)
+
+    def test_bounded_forgets_idle_ones(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Past the limit, the least recently used idle bulkheads go; busy
+        ones stay."""
+        monkeypatch.setattr(BULKHEADS, "limit", 3)
+        busy = bulkhead("busy")
+        permit = busy.acquire()
+        for i in range(10):
+            bulkhead(f"idle{i}")
+        assert len(BULKHEADS) == 3
+        assert get_bulkhead("busy") is busy
+        assert {b.name for b in BULKHEADS.items()} >= {"busy", "idle9"}
+        permit.release()
+
+    def test_lowered_limit_forgets_several(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A lowered limit forgets as many idle bulkheads as it must."""
+        for i in range(5):
+            bulkhead(f"b{i}")
+        monkeypatch.setattr(BULKHEADS, "limit", 2)
+        bulkhead("last")
+        assert [b.name for b in BULKHEADS.items()] == ["b4", "last"]
+
+    def test_bounded_keeps_all_when_all_busy(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """When every bulkhead is busy, none is forgotten."""
+        monkeypatch.setattr(BULKHEADS, "limit", 2)
+        permits = [bulkhead(f"b{i}").acquire() for i in range(4)]
+        assert len(BULKHEADS) == 4
+        for p in permits:
+            p.release()
+
+
+class TestConfig:
+    def test_defaults(self) -> None:
+        """Defaults: 25 slots, 25 waiting, 1 s wait."""
+        c = BulkheadConfig()
+        assert (c.max_concurrent, c.max_waiting, c.max_wait) == (25, 25, 1.0)
+
+    def test_durations(self) -> None:
+        """max_wait takes timedelta and int, and None."""
+        assert BulkheadConfig(max_wait=dt.timedelta(seconds=2)).max_wait == 2.0
+        assert BulkheadConfig(max_wait=3).max_wait == 3.0
+        assert BulkheadConfig(max_wait=None).max_wait is None
+
+    @pytest.mark.parametrize(
+        ("field", "value", "error"),
+        [
+            ("max_concurrent", 0, ConfigError),
+            ("max_concurrent", True, ConfigTypeError),
+            ("max_concurrent", 2.0, ConfigTypeError),
+            ("max_waiting", -1, ConfigError),
+            ("max_waiting", None, ConfigTypeError),
+            ("max_wait", -0.5, ConfigError),
+            ("max_wait", float("nan"), ConfigError),
+            ("max_wait", float("inf"), ConfigError),
+            ("max_wait", "1", ConfigTypeError),
+        ],
+    )
+    def test_bad_values(
+        self, field: str, value: object, error: type[Exception]
+    ) -> None:
+        """Bad values raise naming BulkheadConfig.<field> and the value."""
+        with pytest.raises(error) as info:
+            BulkheadConfig(**{field: value})  # type: ignore[arg-type]
+        assert f"BulkheadConfig.{field}" in str(info.value)
+        assert repr(value) in str(info.value)
+
+    @pytest.mark.parametrize(
+        ("timeout", "error"),
+        [(-1, ConfigError), (float("nan"), ConfigError), ("1", TypeError)],
+    )
+    def test_bad_timeout(self, timeout: Any, error: type[Exception]) -> None:
+        """acquire(timeout=) must be a number >= 0 or None."""
+        bh = bulkhead("db", max_concurrent=1)
+        with bh, pytest.raises(error, match=r"acquire\(timeout\)"):
+            bh.acquire(timeout)
+        assert bh.statistics().in_use == 0
+
+
+class TestTelemetry:
+    def test_rejections_waits_and_gauges(
+        self, telemetry: Telemetry, clock: Any
+    ) -> None:
+        """Rejections count, waits are recorded, gauges show slots and
+        waiters."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=1.0)
+        tracer = telemetry.tracer_provider.get_tracer("test")
+        held = bh.acquire()
+        with (
+            tracer.start_as_current_span("call"),
+            pytest.raises(BulkheadFull),
+        ):
+            bh.acquire_nowait()
+        fut: Future[Permit] = Future()
+        t = threading.Thread(target=lambda: fut.set_result(bh.acquire()))
+        t.start()
+        queued(bh, 1)
+        m = telemetry.metrics()
+        assert m["resilient.bulkhead.in_use"] == 1
+        assert m["resilient.bulkhead.waiting"] == 1
+        clock.advance(0.25)
+        held.release()
+        t.join(10)
+        fut.result().release()
+        m = telemetry.metrics()
+        assert m["resilient.bulkhead.rejections"] == 1
+        assert m["resilient.bulkhead.wait"] == 1
+        (span,) = telemetry.spans()
+        (event,) = span.events
+        assert event.name == "resilient.bulkhead.rejected"
+        assert event.attributes["resilient.reason"] == "full"
+
+    def test_no_sdk_no_cost(self, clock: Any) -> None:
+        """Without a meter provider, rejections and waits record nothing."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=0)
+        with bh, pytest.raises(BulkheadFull):
+            bh.acquire()
