@@ -200,7 +200,7 @@ def _documented() -> set[str]:
         flags=re.MULTILINE,
     )
     found += re.findall(
-        r"^\.\. auto(?:function|class|exception|data)::\s+(\S+)",
+        r"^\.\. (?:auto|py:)(?:function|class|exception|data)::\s+([\w.]+)",
         text,
         flags=re.MULTILINE,
     )
