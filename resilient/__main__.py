@@ -9,6 +9,7 @@ percentiles and drain time; ``--plot FILE.png`` also draws the load.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Final
 
@@ -260,5 +261,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _script() -> int:
+    """`main` as a program: a closed pipe (``| head``) ends it quietly."""
+    try:
+        status = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at devnull first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_script())

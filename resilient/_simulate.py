@@ -844,8 +844,8 @@ def render_summary(result: SimulationResult) -> str:
     return "\n".join(f"{k:<18} {v}" for k, v in rows)
 
 
-_UNICODE: Final = ("\u2588", "\u2591", "\u2502")
-_ASCII: Final = ("#", "x", "|")
+_UNICODE: Final = ("\u2588", "\u2591", "\u2502", "\u00bb")
+_ASCII: Final = ("#", "x", "|", ">")
 
 
 def render_chart(
@@ -857,18 +857,25 @@ def render_chart(
     One row per bucket: a bar of the requests that arrived in it (served
     then failed), a mark at the dependency's capacity, the count, and
     ``outage`` on the buckets during the outage.
+    The scale fits the busiest bucket after the outage (or a quarter more
+    than the capacity, if larger): that is where policies differ.
+    Longer bars, as during the outage, are cut and end in ``\u00bb``
+    (``>`` in ASCII).
 
     Args:
         result: What to chart.
         width: Characters for the longest bar.
-        ascii_only: Draw with ``#``, ``x`` and ``|`` only.
+        ascii_only: Draw with ``#``, ``x``, ``|`` and ``>`` only.
     """
     c = result.config
-    ok_char, fail_char, cap_char = _ASCII if ascii_only else _UNICODE
+    ok_char, fail_char, cap_char, cut_char = _ASCII if ascii_only else _UNICODE
     per_bucket = c.capacity * c.bucket
-    top = max(max(result.load, default=0), per_bucket)
-    scale = width / top
-    cap_col = min(width, round(per_bucket * scale))
+    after = result.summary.peak_after_outage
+    busiest = after[0] if after is not None else result.summary.peak[0]
+    # The capacity sits at four fifths of the width when nothing is busier
+    # after the outage, so that overloads show past it.
+    scale = width / max(busiest, per_bucket * 1.25)
+    cap_col = round(per_bucket * scale)
     decimals = _decimals(c.bucket)
     label = max(len(f"{t:.{decimals}f}") for t in (0.0, result.end))
     digits = len(str(max(result.load, default=0)))
@@ -886,10 +893,13 @@ def render_chart(
             # Never hide a bucket that had requests: one cell of the kind
             # that made most of them.
             good, bad = (1, 0) if 2 * ok >= n else (0, 1)
-        cells = [" "] * (width + 1)
-        for j in range(min(good + bad, width)):
-            cells[j] = ok_char if j < good else fail_char
-        cells[cap_col] = cap_char
+        cells = [ok_char] * good + [fail_char] * bad
+        if len(cells) > width:
+            cells[width - 1 :] = [cut_char]
+        cells += [" "] * (width - len(cells))
+        # The capacity mark takes a column of its own, so a bar that
+        # passes it shows beyond it.
+        cells.insert(cap_col, cap_char)
         note = "  outage" if t < c.outage else ""
         lines.append(
             f"{t:>{label}.{decimals}f} s {''.join(cells)} "

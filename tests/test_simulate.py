@@ -410,6 +410,24 @@ class TestRendering:
             bar = row.split(" s ", 1)[1]
             assert ("#" in bar or "x" in bar) == (n > 0)
 
+    def test_the_scale_fits_the_load_after_the_outage(
+        self, none: sim.SimulationResult
+    ) -> None:
+        """
+        The chart is scaled to the busiest bucket after the outage: the
+        bigger buckets of the outage are cut and end in a mark, and a wave
+        above the capacity shows past the capacity mark.
+        """
+        rows = sim.render_chart(none, ascii_only=True).splitlines()[1:]
+        first = rows[0]  # 2,000 requests, twice the wave after the outage.
+        assert ">|" not in first
+        assert "x> " in first
+        wave = rows[12]  # 1,000 requests at 6 s, 4x the capacity.
+        assert wave.startswith(" 6.0 s ")
+        bar = wave.split(" s ", 1)[1]
+        assert bar.index("|") < bar.rindex("x")
+        assert ">" not in bar
+
     def test_no_success_no_overload(self) -> None:
         """Figures that do not apply say so instead of printing numbers."""
         result = run("full", clients=5, attempts=2, outage=30.0)
@@ -510,6 +528,22 @@ class TestCommandLine:
             cli.main([])
         assert info.value.code == 2
         assert "COMMAND" in capsys.readouterr().err
+
+    def test_a_closed_pipe_ends_the_program_quietly(self) -> None:
+        """
+        ``python -m resilient simulate | head`` does not end in a
+        traceback when the reader goes away.
+        """
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "resilient", "simulate", "--clients=20"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        proc.stdout.close()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode in {0, 1}
+        assert b"Traceback" not in err
 
     def test_python_dash_m(self) -> None:
         """
