@@ -146,7 +146,7 @@ class RetryMachine:
             )
         if self._testing:
             delay = 0.0
-        elif hint is not None:
+        elif hint is not None and not math.isnan(hint):
             delay = min(max(hint, 0.0), self.policy.max_retry_after)
         else:
             delay = self.policy.backoff.delay(

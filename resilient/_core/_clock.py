@@ -11,16 +11,17 @@ the context.
 from __future__ import annotations
 
 import contextvars
+import datetime as dt
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Final, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 import anyio
 import anyio.lowlevel
 import attrs
 
-from resilient.exceptions import DeadlineExceeded
+from resilient.exceptions import ConfigError, ConfigTypeError, DeadlineExceeded
 
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class FakeClock:
         scope = _SCOPE.get()
         with self._lock:
             self.sleeps.append(seconds)
-            step = max(seconds, 0.0)
+            step = seconds if seconds > 0 else 0.0
             if scope is not None:
                 step = min(step, max(scope.wake_at() - self._now, 0.0))
             self._now += step
@@ -235,6 +236,28 @@ def checkpoint() -> None:
         raise DeadlineExceeded(at)
 
 
+def _to_seconds(value: object) -> object:
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _check_seconds(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """Any number of seconds >= 0; inf is allowed (no limit)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigTypeError(
+            "deadline(seconds=...)",
+            value,
+            "must be a number of seconds or None",
+        )
+    if math.isnan(value) or value < 0:
+        raise ConfigError("deadline(seconds=...)", value, "must be >= 0")
+
+
 @final
 @attrs.define(eq=False, repr=False)
 class Deadline:
@@ -253,7 +276,9 @@ class Deadline:
     Use `resilient.deadline()` to make one.
     """
 
-    _seconds: float = attrs.field(alias="seconds")
+    _seconds: float = attrs.field(
+        alias="seconds", converter=_to_seconds, validator=_check_seconds
+    )
     _at: float = attrs.field(init=False, default=math.inf)
     _token: contextvars.Token[float] | None = attrs.field(
         init=False, default=None
@@ -300,7 +325,7 @@ class Deadline:
         return f"Deadline(seconds={self._seconds!r}, at={self._at!r})"
 
 
-def deadline(seconds: float | None) -> Deadline:
+def deadline(seconds: float | dt.timedelta | None) -> Deadline:
     """
     A scope in which at most *seconds* are left (see `Deadline`).
 
@@ -309,18 +334,9 @@ def deadline(seconds: float | None) -> Deadline:
             (an outer deadline still applies).
 
     Raises:
-        ValueError: *seconds* is negative or NaN.
+        ConfigError: *seconds* is negative or NaN (a `ValueError`).
+        ConfigTypeError: *seconds* is not a number (a `TypeError`).
 
     .. versionadded:: 26.11.0
     """
-    if seconds is None:
-        return Deadline(seconds=math.inf)
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise TypeError(
-            f"deadline(seconds=...) must be a number or None, got {seconds!r}"
-        )
-    if math.isnan(seconds) or seconds < 0:
-        raise ValueError(
-            f"deadline(seconds=...) must be >= 0, got {seconds!r}"
-        )
-    return Deadline(seconds=float(seconds))
+    return Deadline(seconds=math.inf if seconds is None else seconds)

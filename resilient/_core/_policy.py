@@ -82,7 +82,7 @@ def _check_name(
 def _check_backoff(
     inst: Policy, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    if not callable(getattr(value, "delay", None)):
+    if isinstance(value, type) or not callable(getattr(value, "delay", None)):
         raise ConfigTypeError(
             field_name(inst, attribute),
             value,
