@@ -396,7 +396,7 @@ async def _call_async(
             with call.cancel_scope(at) as scope:
                 result = await fn(*args, **kwargs)
             if scope.cancelled_caught:
-                raise _timed_out(at)
+                raise _timed_out(at)  # noqa: TRY301
         except BaseException as exc:
             step = call.failed(exc)
             if isinstance(step, GiveUp):

@@ -245,7 +245,7 @@ def _to_seconds(value: object) -> object:
 
 
 def _check_seconds(
-    inst: object, attribute: attrs.Attribute[Any], value: object
+    _inst: object, _attribute: attrs.Attribute[Any], value: object
 ) -> None:
     """Any number of seconds >= 0; inf is allowed (no limit)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
