@@ -5,6 +5,8 @@ locks for Python backends, sync and async, configured by one policy object.
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any
 
 from resilient._breaker import (
@@ -115,10 +117,8 @@ def _fix_module_names() -> None:
     for name in __all__:
         obj = globals()[name]
         if getattr(obj, "__module__", "").startswith("resilient._"):
-            try:
+            with contextlib.suppress(AttributeError, TypeError):
                 obj.__module__ = "resilient"
-            except (AttributeError, TypeError):  # pragma: no cover
-                pass
 
 
 _fix_module_names()
