@@ -228,7 +228,7 @@ def _can_draw(stream: object) -> bool:
     """Whether *stream* can print the chart's block characters."""
     encoding = getattr(stream, "encoding", None) or "ascii"
     try:
-        "\u2588\u2591\u2502".encode(encoding)
+        "\u2588\u2591\u2502\u00bb".encode(encoding)
     except (LookupError, UnicodeEncodeError):
         return False
     return True
@@ -274,5 +274,5 @@ def _script() -> int:
     return status
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # pragma: no cover (run in a subprocess)
     sys.exit(_script())

@@ -5,6 +5,7 @@ The retry simulator (`resilient._simulate`) and its command line
 
 from __future__ import annotations
 
+import io
 import itertools
 import math
 import subprocess
@@ -249,6 +250,20 @@ class TestTheRealMachine:
         assert all(c.end is None and c.latency is None for c in result.calls)
 
 
+def test_the_virtual_clock_never_sleeps() -> None:
+    """
+    The clients' machines read the simulation's clock; nothing may sleep on
+    it (waits are events on the heap), so a sleep is a bug and raises.
+    """
+    clock = sim._VirtualClock()
+    assert clock.now() == 0.0
+    with pytest.raises(RuntimeError, match="never sleeps"):
+        clock.sleep(1.0)
+    coro = clock.asleep(1.0)
+    with pytest.raises(RuntimeError, match="never sleeps"):
+        coro.send(None)
+
+
 class TestTheGuardSeam:
     def test_a_guard_refuses_attempts_before_they_are_sent(
         self, monkeypatch: pytest.MonkeyPatch
@@ -347,6 +362,23 @@ class TestConfig:
         args = cli.parser().parse_args(["simulate", *config.argv()])
         assert cli.config_from_args(args) == config
         assert config.command().startswith("python -m resilient simulate ")
+
+    def test_default_command_leaves_out_what_is_derived(self) -> None:
+        """
+        The default burst and an unlimited duration are not written out,
+        and a given burst is the token bucket's size.
+        """
+        argv = sim.SimulationConfig().argv()
+        assert not any(a.startswith(("--burst", "--duration")) for a in argv)
+        assert sim.SimulationConfig(burst=3).tokens == 3.0
+
+    def test_a_custom_backoff_has_no_command(self) -> None:
+        """A backoff the CLI has no name for makes the command impossible."""
+        backoff = resilient.Custom(lambda retry: 1.0)
+        assert sim.strategy_of(backoff) is None
+        config = sim.SimulationConfig(policy=resilient.Policy(backoff=backoff))
+        with pytest.raises(ValueError, match="cannot express"):
+            config.argv()
 
     def test_command_refuses_a_policy_the_cli_cannot_express(self) -> None:
         """A policy with settings the CLI has no option for has no command."""
@@ -544,6 +576,61 @@ class TestCommandLine:
         _, err = proc.communicate(timeout=60)
         assert proc.returncode in {0, 1}
         assert b"Traceback" not in err
+
+    @pytest.mark.parametrize(
+        ("encoding", "drawable"),
+        [("utf-8", True), ("ascii", False), ("cp1252", False), (None, False)],
+    )
+    def test_the_chart_falls_back_to_ascii(
+        self, encoding: str | None, drawable: bool
+    ) -> None:
+        """
+        The block characters are drawn only on a stream that can encode
+        them; otherwise (or with no known encoding) the chart is ASCII.
+        """
+
+        class Stream:
+            pass
+
+        stream = Stream()
+        stream.encoding = encoding  # type: ignore[attr-defined]
+        assert cli._can_draw(stream) is drawable
+        stream.encoding = "no-such-codec"  # type: ignore[attr-defined]
+        assert cli._can_draw(stream) is False
+
+    def test_script_exit_status(
+        self,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """The program's entry point returns main()'s status: 0 on success."""
+        monkeypatch.setattr(
+            sys, "argv", ["resilient", "simulate", "--clients=3"]
+        )
+        assert cli._script() == 0
+        assert "calls              3" in capsys.readouterr().out
+
+    def test_script_on_a_broken_pipe(
+        self, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    ) -> None:
+        """
+        When the reader of stdout has gone, the entry point returns 1 and
+        points stdout at the null device so the exit flush cannot fail.
+        """
+        with (tmp_path / "out").open("w") as target:
+
+            class Closed(io.StringIO):
+                def write(self, text: str) -> int:
+                    raise BrokenPipeError
+
+                def fileno(self) -> int:
+                    return target.fileno()
+
+            monkeypatch.setattr(sys, "stdout", Closed())
+            monkeypatch.setattr(
+                sys, "argv", ["resilient", "simulate", "--clients=3"]
+            )
+            assert cli._script() == 1
 
     def test_python_dash_m(self) -> None:
         """
