@@ -24,6 +24,7 @@ from typing import NoReturn
 ROOT = Path(__file__).resolve().parent
 BOOTSTRAP = ROOT / ".nox-bootstrap"
 _BOOTSTRAPPED = "RESILIENT_NOX_BOOTSTRAPPED"
+SOURCES = ("resilient", "tests", "docs", "benchmarks", "noxfile.py")
 
 
 def _bootstrap() -> NoReturn:
@@ -150,7 +151,14 @@ def lint(session: nox.Session) -> None:
     session.install(*_group("lint"))
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("codespell", "--toml", "pyproject.toml")
+    # Named paths: a bare `codespell` would also read the virtual
+    # environments (.nox-bootstrap/ is not in the skip list).
+    paths = [
+        p
+        for p in (*SOURCES, "notebooks", "README.md", "pyproject.toml")
+        if (ROOT / p).exists()
+    ]
+    session.run("codespell", "--toml", "pyproject.toml", *paths)
 
 
 @nox.session

@@ -6,6 +6,7 @@ which names, and what importing it costs.
 from __future__ import annotations
 import __future__
 
+import enum
 import importlib
 import importlib.metadata
 import inspect
@@ -135,14 +136,15 @@ def test_exceptions_are_exported_at_the_top() -> None:
 def test_classes_are_final(name: str) -> None:
     """
     Public classes are closed with @typing.final, except exceptions (users
-    catch and may subclass them), protocols (users implement them) and the
+    catch and may subclass them), protocols (users implement them), enums
+    (closed already: an enum with members cannot be subclassed) and the
     classes in OPEN_CLASSES.
     """
     open_ = [
         n
         for n, obj in _exported(name)
         if inspect.isclass(obj)
-        and not issubclass(obj, BaseException)
+        and not issubclass(obj, BaseException | enum.Enum)
         and not getattr(obj, "_is_protocol", False)
         and n not in OPEN_CLASSES
         and not getattr(obj, "__final__", False)
