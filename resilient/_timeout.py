@@ -286,15 +286,16 @@ class TimeoutScope:
         """Leave the scope; True swallows *exc*, or raise what replaces it."""
         if self._alarm is not None:
             self._alarm.disarm()
+            self._alarm = None
         caught = False
         if self._cs is not None:
-            caught = bool(
-                self._cs.__exit__(
-                    type(exc) if exc is not None else None,
-                    exc,
-                    exc.__traceback__ if exc is not None else None,
-                )
+            # trio's scope returns True on a clean exit too: read the flag.
+            self._cs.__exit__(
+                type(exc) if exc is not None else None,
+                exc,
+                exc.__traceback__ if exc is not None else None,
             )
+            caught = self._cs.cancelled_caught
             if caught:
                 self._note_fired()
         assert self._tokens is not None  # noqa: S101
@@ -317,13 +318,15 @@ class TimeoutScope:
             caught = True
         if not caught:
             return False
-        self.cancelled_caught = True
         if not self._timed_out:
+            self.cancelled_caught = True
             return True
         if self._own < self._outer_at:
+            self.cancelled_caught = True
             raise TimedOut(self.at, self) from exc
-        # Clipped by an enclosing deadline that is not a scope of ours (or
-        # fired at the same instant as an enclosing scope): that one owns it.
+        # Our cancel scope fired at an enclosing deadline (a cooperative one,
+        # or an enclosing scope's at the same instant): pass it on as that
+        # deadline's, for the enclosing scope to claim.
         raise DeadlineExceeded(self._outer_at) from exc
 
     def __enter__(self) -> TimeoutScope:
