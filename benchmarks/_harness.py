@@ -65,7 +65,9 @@ class Settings:
     """How long to measure: rounds, and the length of one timed block."""
 
     rounds: int = 15
-    block_ms: float = 12.0
+    block_ms: float = 10.0
+    stat: str = "min"
+    """What the ratios are taken on: ``"min"`` or ``"median"``."""
 
 
 def _calibrate(block_ms: float, one: Callable[[int], float]) -> int:
@@ -107,8 +109,8 @@ def measure_sync(cases: list[Case], settings: Settings) -> None:
             settings.block_ms, functools.partial(timed, case)
         )
     for r in range(settings.rounds):
+        gc.collect()
         for case in _order(cases, r):
-            gc.collect()
             case.samples.append(timed(case, case.calls) / case.calls)
 
 
@@ -138,8 +140,8 @@ async def measure_async(cases: list[Case], settings: Settings) -> None:
             16, int(settings.block_ms / 1000 / max(elapsed / n, 1e-9))
         )
     for r in range(settings.rounds):
+        gc.collect()
         for case in _order(cases, r):
-            gc.collect()
             case.samples.append(await timed(case, case.calls) / case.calls)
 
 
@@ -157,42 +159,57 @@ class Row:
 
 
 def rows_of(
-    cases: list[Case], *, floor: str, reference: str
+    cases: list[Case], *, floor: str, reference: str, stat: str = "min"
 ) -> dict[str, list[Row]]:
     """
     Reduce samples to rows, grouped, with ratios to the group's *floor* row
-    and *reference* row (matched by name).
+    and *reference* row (matched by name), taken on *stat* (``"min"`` or
+    ``"median"``).
 
-    A case with a ``baseline`` reports its per-retry cost: for each round,
-    ``(sample - baseline's sample) / retries``.
+    A case with a ``baseline`` reports its per-retry cost: the median of
+    ``(sample - baseline's sample of the same round) / retries``, and for
+    the minimum ``(min - baseline's min) / retries``.
     """
     by_key = {c.key: c for c in cases}
     groups: dict[str, list[Row]] = {}
     for case in cases:
         samples = case.samples
+        low = min(samples)
         if case.baseline is not None:
-            base = by_key[f"{case.baseline}"].samples
+            base = by_key[case.baseline].samples
             samples = [
                 (s - b) / case.retries
                 for s, b in zip(samples, base, strict=True)
             ]
+            low = (low - min(base)) / case.retries
         groups.setdefault(case.group, []).append(
             Row(
                 case.group,
                 case.name,
                 statistics.median(samples) * 1e9,
-                min(samples) * 1e9,
+                low * 1e9,
                 case.calls,
             )
         )
     for rows in groups.values():
-        named = {row.name: row for row in rows}
-        for row in rows:
-            if floor in named and named[floor].median_ns > 0:
-                row.vs_floor = row.median_ns / named[floor].median_ns
-            if reference in named and named[reference].median_ns > 0:
-                row.vs_resilient = row.median_ns / named[reference].median_ns
+        set_ratios(rows, floor=floor, reference=reference, stat=stat)
     return groups
+
+
+def set_ratios(
+    rows: list[Row], *, floor: str, reference: str, stat: str = "min"
+) -> None:
+    """Fill each row's ratios to the *floor* and *reference* rows."""
+
+    def value(row: Row) -> float:
+        return row.min_ns if stat == "min" else row.median_ns
+
+    named = {row.name: row for row in rows}
+    for row in rows:
+        if floor in named and value(named[floor]) > 0:
+            row.vs_floor = value(row) / value(named[floor])
+        if reference in named and value(named[reference]) > 0:
+            row.vs_resilient = value(row) / value(named[reference])
 
 
 def _ratio(value: float | None) -> str:
@@ -263,6 +280,7 @@ def write_json(
         "settings": {
             "rounds": settings.rounds,
             "block_ms": settings.block_ms,
+            "ratios_on": settings.stat,
         },
         "groups": {
             name: {

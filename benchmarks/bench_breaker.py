@@ -98,7 +98,7 @@ NOTES = (
 )
 
 
-class FloorOpen(Exception):  # noqa: N818
+class FloorOpen(Exception):
     """The floor breaker's rejection."""
 
 
@@ -454,6 +454,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--block-ms", type=float, default=None, help="ms per timed block"
     )
+    parser.add_argument(
+        "--stat",
+        choices=("min", "median"),
+        default="min",
+        help="what the ratios are taken on (default: min)",
+    )
     parser.add_argument("--json", metavar="FILE", default=None)
     parser.add_argument(
         "--strace", action="store_true", help=argparse.SUPPRESS
@@ -464,6 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = h.Settings(
         rounds=args.rounds or base.rounds,
         block_ms=args.block_ms or base.block_ms,
+        stat=args.stat,
     )
     started = time.perf_counter()
     info = h.machine()
@@ -473,7 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{settings.rounds} interleaved rounds of ~{settings.block_ms:g} ms"
-        " blocks per contender; median and min of per-call times\n"
+        " blocks per contender; median and min of the per-call times;"
+        f" ratios on the {settings.stat}\n"
     )
 
     cases = sync_cases()
@@ -491,16 +499,20 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict[str, list[h.Row]] = {}
     for group in dict.fromkeys(c.group for c in all_cases):
         members = [c for c in all_cases if c.group == group]
-        groups.update(h.rows_of(members, floor=_floors(group), reference=RES))
+        reference = (
+            next(c.name for c in members if c.name.startswith("resilient"))
+            if group.endswith("bulkhead")
+            else RES
+        )
+        groups.update(
+            h.rows_of(
+                members,
+                floor=_floors(group),
+                reference=reference,
+                stat=settings.stat,
+            )
+        )
     for group, rows in groups.items():
-        if group.endswith("bulkhead"):
-            for row in rows:
-                mine = next(
-                    (r for r in rows if r.name.startswith("resilient")), None
-                )
-                row.vs_resilient = (
-                    row.median_ns / mine.median_ns if mine else None
-                )
         what = "per rejection" if group.endswith("open") else "per call"
         print(h.format_table(f"{group} ({what})", [], rows))
         print()
