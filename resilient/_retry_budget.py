@@ -92,6 +92,9 @@ class RetryBudget:
     __slots__ = (
         "_calls",
         "_head",
+        "_hi",
+        "_index",
+        "_lo",
         "_lock",
         "_ratio",
         "_reserve",
@@ -115,7 +118,9 @@ class RetryBudget:
         self._lock = threading.Lock()
         self._calls = [0] * BUCKETS
         self._retries = [0] * BUCKETS
-        self._head = math.floor(_clock.get_clock().now() / self._width)
+        self._head = self._index = 0
+        self._lo = self._hi = 0.0
+        self._move_to(math.floor(_clock.get_clock().now() / self._width))
         self._window_calls = 0
         self._window_retries = 0
         self.total_calls = 0
@@ -124,23 +129,36 @@ class RetryBudget:
 
     def _advance(self) -> int:
         """Drop the buckets that left the window; the current index."""
-        slot = math.floor(_clock.get_clock().now() / self._width)
+        now = _clock.get_clock().now()
+        if self._lo <= now < self._hi:
+            return self._index
+        slot = math.floor(now / self._width)
         gap = slot - self._head
-        if gap != 0:
-            # A monotonic clock never goes back: a negative gap means the
-            # clock was swapped (a test's FakeClock), so start afresh too.
-            if not 0 < gap < BUCKETS:
-                self._calls = [0] * BUCKETS
-                self._retries = [0] * BUCKETS
-                self._window_calls = self._window_retries = 0
-            else:
-                for step in range(1, gap + 1):
-                    i = (self._head + step) % BUCKETS
-                    self._window_calls -= self._calls[i]
-                    self._window_retries -= self._retries[i]
-                    self._calls[i] = self._retries[i] = 0
-            self._head = slot
-        return self._head % BUCKETS
+        if gap < 0:
+            if gap > -BUCKETS:
+                # A thread that read the clock a moment late: count it now.
+                return self._index
+            # A monotonic clock never goes that far back: it was swapped
+            # (a test's FakeClock), so start afresh.
+            gap = BUCKETS
+        if gap >= BUCKETS:
+            self._calls = [0] * BUCKETS
+            self._retries = [0] * BUCKETS
+            self._window_calls = self._window_retries = 0
+        else:
+            for step in range(1, gap + 1):
+                i = (self._head + step) % BUCKETS
+                self._window_calls -= self._calls[i]
+                self._window_retries -= self._retries[i]
+                self._calls[i] = self._retries[i] = 0
+        self._move_to(slot)
+        return self._index
+
+    def _move_to(self, slot: int) -> None:
+        self._head = slot
+        self._index = slot % BUCKETS
+        self._lo = slot * self._width
+        self._hi = self._lo + self._width
 
     def _available(self) -> int:
         allowance = self._ratio * self._window_calls + self._reserve

@@ -146,6 +146,18 @@ class TestWindow:
             b.record_call()
             assert b.try_acquire_retry()
 
+    def test_late_reading_counts_in_current_bucket(self, clock: Any) -> None:
+        """A reading a little behind the window's head (a thread that read
+        the clock late) counts in the current bucket, resetting nothing."""
+        b = budget(ratio=1.0, min_per_second=0.0, window=2.0)
+        b.record_call()
+        behind = resilient.testing.FakeClock(clock.now() - 3 * 2.0 / BUCKETS)
+        with resilient.testing.use_clock(behind):
+            b.record_call()
+            assert b.try_acquire_retry()
+        s = b.statistics()
+        assert (s.calls, s.retries) == (2, 1)
+
     def test_outage_bounds_load(self, clock: Any) -> None:
         """A 60 s outage at 100 calls/s with 4 attempts each: the budget
         keeps the load near 1.2x the traffic plus the floor, not 4x."""
