@@ -46,6 +46,7 @@ from resilient._core._validate import (
     field_name,
     non_negative,
     positive,
+    to_seconds,
 )
 from resilient._retry import RetryMachine
 from resilient.exceptions import ConfigError, ConfigTypeError
@@ -182,13 +183,6 @@ def _policy(
         )
 
 
-def _float(value: object) -> object:
-    """Let ints stand for seconds; the validators refuse the rest."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
-
-
 @final
 @attrs.frozen(kw_only=True)
 class SimulationConfig:
@@ -197,6 +191,7 @@ class SimulationConfig:
 
     Validated at construction: a bad value raises `ConfigError` (or
     `ConfigTypeError`) naming ``SimulationConfig.<field>`` and the value.
+    Durations are seconds (a `datetime.timedelta` is accepted too).
 
     Args:
         clients: How many clients; each makes one call.
@@ -218,26 +213,26 @@ class SimulationConfig:
 
     clients: int = attrs.field(default=1000, validator=_count)
     outage: float = attrs.field(
-        default=5.0, converter=_float, validator=non_negative
+        default=5.0, converter=to_seconds, validator=non_negative
     )
     capacity: float = attrs.field(
-        default=500.0, converter=_float, validator=positive
+        default=500.0, converter=to_seconds, validator=positive
     )
     burst: float | None = attrs.field(
-        default=None, converter=_float, validator=_burst
+        default=None, converter=to_seconds, validator=_burst
     )
     service_time: float = attrs.field(
-        default=0.02, converter=_float, validator=non_negative
+        default=0.02, converter=to_seconds, validator=non_negative
     )
     spread: float = attrs.field(
-        default=0.1, converter=_float, validator=non_negative
+        default=0.1, converter=to_seconds, validator=non_negative
     )
     policy: Policy = attrs.field(factory=make_policy, validator=_policy)
     duration: float | None = attrs.field(
-        default=None, converter=_float, validator=_positive_or_none
+        default=None, converter=to_seconds, validator=_positive_or_none
     )
     bucket: float = attrs.field(
-        default=0.5, converter=_float, validator=positive
+        default=0.5, converter=to_seconds, validator=positive
     )
     seed: int = attrs.field(default=0, validator=_seed)
 
@@ -265,14 +260,17 @@ class SimulationConfig:
         """The CLI's arguments for this simulation (see `command`)."""
         p = self.policy
         strategy = strategy_of(p.backoff)
-        cli = make_policy(
-            strategy or "full",
+        # The name changes nothing in a simulation; every other field must
+        # be one the options set.
+        if strategy is None or attrs.evolve(
+            p, name="simulated"
+        ) != make_policy(
+            strategy,
             base=_base_of(p.backoff),
             cap=getattr(p.backoff, "cap", 5.0),
             attempts=p.attempts,
             budget=p.budget,
-        )
-        if strategy is None or cli != p:
+        ):
             raise ValueError(
                 f"the CLI cannot express the policy {p!r}; "
                 "build it with make_policy()"

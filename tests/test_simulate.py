@@ -5,6 +5,7 @@ The retry simulator (`resilient._simulate`) and its command line
 
 from __future__ import annotations
 
+import datetime as dt
 import io
 import itertools
 import math
@@ -372,6 +373,18 @@ class TestConfig:
         assert not any(a.startswith(("--burst", "--duration")) for a in argv)
         assert sim.SimulationConfig(burst=3).tokens == 3.0
 
+    def test_the_policy_name_does_not_matter_to_the_command(self) -> None:
+        """
+        A policy named after a real dependency, with settings the options
+        can express, has a command: the name changes nothing simulated.
+        """
+        policy = sim.make_policy("equal").evolve(name="payments")
+        config = sim.SimulationConfig(
+            policy=policy, outage=dt.timedelta(seconds=2)
+        )
+        assert config.outage == 2.0
+        assert "--strategy=equal" in config.argv()
+
     def test_a_custom_backoff_has_no_command(self) -> None:
         """A backoff the CLI has no name for makes the command impossible."""
         backoff = resilient.Custom(lambda retry: 1.0)
@@ -528,6 +541,7 @@ class TestCommandLine:
         self, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """``--plot FILE.png`` writes the load chart as a PNG."""
+        pytest.importorskip("matplotlib")
         target = tmp_path / "load.png"
         assert cli.main(["simulate", "--clients=50", f"--plot={target}"]) == 0
         assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
