@@ -23,7 +23,11 @@ from resilient._core._decisions import GiveUp, Retry, RetryEvent
 from resilient._core._decorate import decorate
 from resilient._core._policy import Policy
 from resilient._core._telemetry import recorder
-from resilient.exceptions import ConfigTypeError, DeadlineExceeded
+from resilient.exceptions import (
+    CircuitOpen,
+    ConfigTypeError,
+    DeadlineExceeded,
+)
 
 
 if TYPE_CHECKING:
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from resilient._core._telemetry import CallRecorder
+    from resilient._pipeline import Guards, _Admission
+    from resilient._retry_budget import RetryBudget
     from resilient.typing import Clock
 
 
@@ -58,6 +64,8 @@ class RetryMachine:
         start: When the call started, on *clock*.
         deadline: The absolute time no attempt may start at or after: the
             earlier of the policy's budget and any enclosing deadline.
+        retry_budget: The dependency's shared retry budget, asked before
+            every retry; None for no budget.
     """
 
     __slots__ = (
@@ -69,6 +77,7 @@ class RetryMachine:
         "clock",
         "deadline",
         "policy",
+        "retry_budget",
         "rng",
         "start",
     )
@@ -80,8 +89,10 @@ class RetryMachine:
         rng: random.Random,
         start: float,
         deadline: float = math.inf,
+        retry_budget: RetryBudget | None = None,
     ) -> None:
         self.policy = policy
+        self.retry_budget = retry_budget
         self.clock = clock
         self.rng = rng
         self.start = start
@@ -120,6 +131,8 @@ class RetryMachine:
         Only `Exception`s are ever retried; cancellation, `KeyboardInterrupt`
         and `SystemExit` give up at once.
         """
+        if isinstance(exc, CircuitOpen):
+            return self._outwait(exc)
         if not isinstance(exc, Exception) or not self.is_transient(exc):
             return GiveUp(
                 "not_retryable", self._event(exc, None, None, "not_retryable")
@@ -127,6 +140,20 @@ class RetryMachine:
         reader = self.policy.retry_after
         hint = reader(exc) if reader is not None else None
         return self._next(exc, None, hint)
+
+    def _outwait(self, exc: CircuitOpen) -> Retry | GiveUp:
+        """
+        An open breaker rejected the attempt: wait until it admits a probe
+        if that fits in the deadline, else give up now. Never a backoff
+        against a breaker that is still open.
+        """
+        wait = 0.0 if self._testing else max(exc.retry_after, 0.0)
+        if self.attempt >= self._max_attempts:
+            return GiveUp("attempts", self._event(exc, None, None, "attempts"))
+        if self.clock.now() + wait >= self.deadline:
+            reason: Any = "breaker_open"
+            return GiveUp(reason, self._event(exc, None, None, reason))
+        return self._grant(exc, None, wait)
 
     def on_result(self, value: object) -> Retry | GiveUp | None:
         """
@@ -158,6 +185,15 @@ class RetryMachine:
             reason: Any = (
                 "budget" if self.deadline == self._budget_end else "deadline"
             )
+            return GiveUp(reason, self._event(exc, result, None, reason))
+        return self._grant(exc, result, delay)
+
+    def _grant(
+        self, exc: Exception | None, result: object, delay: float
+    ) -> Retry | GiveUp:
+        budget = self.retry_budget
+        if budget is not None and not budget.try_acquire_retry():
+            reason: Any = "retry_budget"
             return GiveUp(reason, self._event(exc, result, None, reason))
         event = self._event(exc, result, delay, None)
         self._previous = delay
@@ -197,10 +233,16 @@ def _note(exc: BaseException, step: GiveUp) -> None:
 class _Call:
     """
     One call's loop state, shared by all four shells: the clock, the lazily
-    made machine, the telemetry recorder and the deadline context variable.
+    made machine, the telemetry recorder, the guards (breaker, bulkhead,
+    retry budget) and the deadline context variable.
+
+    An attempt is `begin` (telemetry; the call's deadline is current, so an
+    admission wait is bounded by the budget), the admission stages, then
+    `arm` (the attempt's own deadline becomes current), then the call.
     """
 
     __slots__ = (
+        "_arm_token",
         "_deadline",
         "_machine",
         "_outer",
@@ -208,11 +250,14 @@ class _Call:
         "_start",
         "_token",
         "clock",
+        "guards",
+        "own_timeout",
         "policy",
     )
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, guards: Guards | None = None) -> None:
         self.policy = policy
+        self.guards = guards
         clock = self.clock = _clock._clock  # noqa: SLF001
         start = self._start = clock.now()
         outer = self._outer = _DEADLINE.get()
@@ -223,14 +268,26 @@ class _Call:
         self._machine: RetryMachine | None = None
         self._rec: CallRecorder | None = recorder(policy.name)
         self._token: Any = None
+        self._arm_token: Any = None
+        self.own_timeout = False
+        """Whether the armed attempt deadline is the policy's timeout (not
+        the call's budget or an enclosing deadline)."""
+        if guards is not None and guards.budget is not None:
+            guards.budget.record_call()
 
     @property
     def machine(self) -> RetryMachine:
         """The machine, made on first use so a first success costs less."""
         m = self._machine
         if m is None:
+            guards = self.guards
             m = self._machine = RetryMachine(
-                self.policy, self.clock, _state.rng, self._start, self._outer
+                self.policy,
+                self.clock,
+                _state.rng,
+                self._start,
+                self._outer,
+                None if guards is None else guards.budget,
             )
         return m
 
@@ -239,18 +296,25 @@ class _Call:
         """The number of the attempt in progress."""
         return 1 if self._machine is None else self._machine.attempt
 
-    def begin(self) -> float:
-        """Start an attempt; returns its absolute deadline."""
-        if self._machine is None and self.policy.timeout is None:
-            at = self._deadline
-        else:
-            at = self.machine.attempt_deadline()
+    def begin(self) -> None:
+        """Start an attempt: its span, and the call's deadline."""
         if self._rec is not None:
             self._rec.attempt_started(self.attempt)
-        self._token = _DEADLINE.set(at)
+        self._token = _DEADLINE.set(self._deadline)
+
+    def arm(self) -> float:
+        """Make the attempt's own deadline current; returns it."""
+        if self.policy.timeout is None:
+            return self._deadline
+        at = self.machine.attempt_deadline()
+        self.own_timeout = at < self._deadline
+        self._arm_token = _DEADLINE.set(at)
         return at
 
     def _end_attempt(self, exc: BaseException | None) -> None:
+        if self._arm_token is not None:
+            _DEADLINE.reset(self._arm_token)
+            self._arm_token = None
         _DEADLINE.reset(self._token)
         if self._rec is not None:
             self._rec.attempt_ended(exc)
@@ -262,6 +326,8 @@ class _Call:
         if isinstance(step, GiveUp):
             if isinstance(exc, Exception):
                 _note(exc, step)
+                if step.reason == "retry_budget":
+                    exc.add_note(self.guards.budget.refusal_note())  # type: ignore[union-attr]
                 if self._rec is not None:
                     self._rec.gave_up(step.event)
             self.finish(exc)
@@ -357,15 +423,20 @@ def _timed_out(at: float) -> DeadlineExceeded:
 
 def _call_sync(
     policy: Policy,
+    guards: Guards | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    call = _Call(policy)
+    call = _Call(policy, guards)
     while True:
         call.begin()
         try:
-            result = fn(*args, **kwargs)
+            if guards is None or not guards.admits:
+                call.arm()
+                result = fn(*args, **kwargs)
+            else:
+                result = guards.call(call, fn, args, kwargs)
         except BaseException as exc:
             step = call.failed(exc)
             if isinstance(step, GiveUp):
@@ -385,18 +456,20 @@ def _call_sync(
 
 async def _call_async(
     policy: Policy,
+    guards: Guards | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    call = _Call(policy)
+    call = _Call(policy, guards)
+    attempt = functools.partial(_attempt, call, fn, args, kwargs)
     while True:
-        at = call.begin()
+        call.begin()
         try:
-            with call.cancel_scope(at) as scope:
-                result = await fn(*args, **kwargs)
-            if scope.cancelled_caught:
-                raise _timed_out(at)  # noqa: TRY301
+            if guards is None or not guards.admits:
+                result = await attempt()
+            else:
+                result = await guards.acall(call, attempt)
         except BaseException as exc:
             step = call.failed(exc)
             if isinstance(step, GiveUp):
@@ -413,12 +486,33 @@ async def _call_async(
         await _async_wait(call.clock, step.delay)
 
 
+async def _attempt(
+    call: _Call,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Arm the attempt deadline and run the call under it."""
+    at = call.arm()
+    with call.cancel_scope(at) as scope:
+        result = await fn(*args, **kwargs)
+    if scope.cancelled_caught:
+        raise _timed_out(at)
+    return result
+
+
 async def _async_wait(clock: Clock, delay: float) -> None:
     """Wait *delay*; a zero wait is one checkpoint and no timer."""
     if delay > 0:
         await clock.asleep(delay)
     else:
         await anyio.lowlevel.checkpoint()
+
+
+def _guards(policy: Policy) -> Guards | None:
+    from resilient._pipeline import Guards  # noqa: PLC0415
+
+    return Guards.of(policy)
 
 
 def _refuse_async_hooks(
@@ -469,9 +563,11 @@ def retry(policy: Policy, /) -> Callable[[Callable[P, T]], Callable[P, T]]:
             "retry(policy)", policy, "must be a resilient.Policy"
         )
 
-    # Partials, not closures: one Python frame less per call.
-    sync_shell = functools.partial(_call_sync, policy)
-    async_shell = functools.partial(_call_async, policy)
+    # Partials, not closures: one Python frame less per call. The guards
+    # are looked up once here, not on every call.
+    guards = _guards(policy)
+    sync_shell = functools.partial(_call_sync, policy, guards)
+    async_shell = functools.partial(_call_async, policy, guards)
 
     def decorator(fn: Callable[P, T]) -> Callable[P, T]:
         return decorate(
@@ -494,6 +590,7 @@ class Attempt:
     """
 
     __slots__ = (
+        "_admission",
         "_async",
         "_at",
         "_call",
@@ -504,8 +601,15 @@ class Attempt:
         "number",
     )
 
-    def __init__(self, call: _Call, *, is_async: bool) -> None:
+    def __init__(
+        self,
+        call: _Call,
+        admission: _Admission | None = None,
+        *,
+        is_async: bool,
+    ) -> None:
         self._call = call
+        self._admission = admission
         self._async = is_async
         self.number = call.attempt
         """The attempt's number: 1 is the first."""
@@ -535,17 +639,16 @@ class Attempt:
         if self._entered:
             raise RuntimeError("an Attempt can be entered only once")
         self._entered = True
-        self._at = self._call.begin()
+        self._at = self._call.arm()
         if self._async:
             self._scope = self._call.cancel_scope(self._at)
             self._scope.__enter__()
         return self
 
-    def _settle(
+    def _close_scope(
         self, exc: BaseException | None
-    ) -> tuple[Retry | GiveUp | None, BaseException | None, bool]:
-        """The step, the exception that counts, and whether we replaced it."""
-        replaced = False
+    ) -> tuple[BaseException | None, bool]:
+        """The exception that counts, and whether we replaced it."""
         if self._scope is not _NO_SCOPE:
             self._scope.__exit__(
                 type(exc) if exc else None,
@@ -553,13 +656,15 @@ class Attempt:
                 exc.__traceback__ if exc else None,
             )
             if self._scope.cancelled_caught:
-                exc = _timed_out(self._at)
-                replaced = True
-        if exc is None:
+                return _timed_out(self._at), True
+        return exc, False
+
+    def _decide(self, err: BaseException | None) -> Retry | GiveUp | None:
+        if err is None:
             self._step = self._call.returned(self._result)
         else:
-            self._step = self._call.failed(exc)
-        return self._step, exc, replaced
+            self._step = self._call.failed(err)
+        return self._step
 
     @staticmethod
     def _finish(
@@ -585,7 +690,10 @@ class Attempt:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        step, err, replaced = self._settle(exc)
+        err, replaced = self._close_scope(exc)
+        if self._admission is not None:
+            self._admission.settle(err, own_timeout=self._call.own_timeout)
+        step = self._decide(err)
         if isinstance(step, GiveUp):
             _hook(self._call.policy.on_give_up, step.event)
         return self._finish(step, err, replaced)
@@ -599,7 +707,15 @@ class Attempt:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        step, err, replaced = self._settle(exc)
+        err, replaced = self._close_scope(exc)
+        admission = self._admission
+        if admission is not None:
+            own = self._call.own_timeout
+            if err is None or isinstance(err, Exception):
+                await admission.asettle(err, own_timeout=own)
+            else:
+                admission.settle(err, own_timeout=own)
+        step = self._decide(err)
         if isinstance(step, GiveUp):
             await _ahook(self._call.policy.on_give_up, step.event)
         return self._finish(step, err, replaced)
@@ -607,12 +723,21 @@ class Attempt:
 
 @final
 class _Attempts:
-    """The iterator of the block form; one per loop."""
+    """
+    The iterator of the block form; one per loop.
 
-    __slots__ = ("_async", "_call", "_last", "_policy")
+    The admission stages (breaker, bulkhead) run here, before an attempt
+    is handed out: a context manager cannot skip its block, so a rejection
+    is retried (or raised) by the iterator itself.
+    """
 
-    def __init__(self, policy: Policy, *, is_async: bool) -> None:
+    __slots__ = ("_async", "_call", "_guards", "_last", "_policy")
+
+    def __init__(
+        self, policy: Policy, guards: Guards | None, *, is_async: bool
+    ) -> None:
         self._policy = policy
+        self._guards = guards
         self._async = is_async
         self._call: _Call | None = None
         self._last: Attempt | None = None
@@ -621,7 +746,7 @@ class _Attempts:
         """None to start; the pending retry; or raise _Stop."""
         last = self._last
         if last is None:
-            self._call = _Call(self._policy)
+            self._call = _Call(self._policy, self._guards)
             return None
         if not last._entered:  # noqa: SLF001
             raise RuntimeError(
@@ -633,9 +758,9 @@ class _Attempts:
             return step
         raise _Stop
 
-    def _new(self) -> Attempt:
+    def _new(self, admission: _Admission | None) -> Attempt:
         assert self._call is not None  # noqa: S101
-        self._last = Attempt(self._call, is_async=self._async)
+        self._last = Attempt(self._call, admission, is_async=self._async)
         return self._last
 
     def __iter__(self) -> Iterator[Attempt]:
@@ -646,11 +771,24 @@ class _Attempts:
             step = self._advance()
         except _Stop:
             raise StopIteration from None
-        if step is not None:
-            _hook(self._policy.before_sleep, step.event)
-            if step.delay > 0:
-                self._call.clock.sleep(step.delay)  # type: ignore[union-attr]
-        return self._new()
+        call, guards = self._call, self._guards
+        assert call is not None  # noqa: S101
+        while True:
+            if step is not None:
+                _hook(self._policy.before_sleep, step.event)
+                if step.delay > 0:
+                    call.clock.sleep(step.delay)
+            call.begin()
+            if guards is None or not guards.admits:
+                return self._new(None)
+            try:
+                return self._new(guards.admit())
+            except BaseException as exc:
+                decided = call.failed(exc)
+                if isinstance(decided, GiveUp):
+                    _hook(self._policy.on_give_up, decided.event)
+                    raise
+                step = decided
 
     def __aiter__(self) -> AsyncIterator[Attempt]:
         return self
@@ -660,10 +798,23 @@ class _Attempts:
             step = self._advance()
         except _Stop:
             raise StopAsyncIteration from None
-        if step is not None:
-            await _ahook(self._policy.before_sleep, step.event)
-            await _async_wait(self._call.clock, step.delay)  # type: ignore[union-attr]
-        return self._new()
+        call, guards = self._call, self._guards
+        assert call is not None  # noqa: S101
+        while True:
+            if step is not None:
+                await _ahook(self._policy.before_sleep, step.event)
+                await _async_wait(call.clock, step.delay)
+            call.begin()
+            if guards is None or not guards.admits:
+                return self._new(None)
+            try:
+                return self._new(await guards.aadmit())
+            except BaseException as exc:
+                decided = call.failed(exc)
+                if isinstance(decided, GiveUp):
+                    await _ahook(self._policy.on_give_up, decided.event)
+                    raise
+                step = decided
 
 
 class _Stop(Exception):  # noqa: N818
@@ -692,7 +843,7 @@ class Retrying:
     .. versionadded:: 26.11.0
     """
 
-    __slots__ = ("policy",)
+    __slots__ = ("_guards", "policy")
 
     def __init__(self, policy: Policy, /) -> None:
         if not isinstance(policy, Policy):
@@ -700,6 +851,7 @@ class Retrying:
                 "retrying(policy)", policy, "must be a resilient.Policy"
             )
         self.policy = policy
+        self._guards = _guards(policy)
 
     def __repr__(self) -> str:
         return f"retrying({self.policy!r})"
@@ -711,10 +863,10 @@ class Retrying:
                 self.policy,
                 "are async, which a sync `for` loop cannot await",
             )
-        return _Attempts(self.policy, is_async=False)
+        return _Attempts(self.policy, self._guards, is_async=False)
 
     def __aiter__(self) -> AsyncIterator[Attempt]:
-        return _Attempts(self.policy, is_async=True)
+        return _Attempts(self.policy, self._guards, is_async=True)
 
 
 retrying = Retrying

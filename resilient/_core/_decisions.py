@@ -11,7 +11,12 @@ import attrs
 
 
 GiveUpReason = Literal[
-    "not_retryable", "attempts", "budget", "deadline", "retry_budget"
+    "not_retryable",
+    "attempts",
+    "budget",
+    "deadline",
+    "retry_budget",
+    "breaker_open",
 ]
 """Why a retry loop stopped without success:
 
@@ -19,7 +24,9 @@ GiveUpReason = Literal[
 - ``attempts``: the attempts ran out;
 - ``budget``: the next attempt could not start within the policy's budget;
 - ``deadline``: ... nor within an enclosing deadline;
-- ``retry_budget``: the dependency's shared retry budget refused a retry.
+- ``retry_budget``: the dependency's shared retry budget refused a retry;
+- ``breaker_open``: the circuit breaker is open and will not admit a probe
+  before the deadline.
 """
 
 

@@ -22,6 +22,9 @@ from typing import (
 import attrs
 
 from resilient._core._backoff import FullJitter
+from resilient._core._config_breaker import BreakerPolicy
+from resilient._core._config_bulkhead import BulkheadConfig
+from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._hints import default_retry_after
 from resilient._core._validate import (
     callable_or_none,
@@ -129,6 +132,22 @@ def _check_attempts(
     positive_int_or_none(inst, attribute, value)
 
 
+def _instance_or_none(
+    cls: type,
+) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(
+        inst: object, attribute: attrs.Attribute[Any], value: object
+    ) -> None:
+        if value is not None and not isinstance(value, cls):
+            raise ConfigTypeError(
+                field_name(inst, attribute),
+                value,
+                f"must be a resilient.{cls.__name__} or None",
+            )
+
+    return check
+
+
 @final
 @attrs.frozen(kw_only=True, repr=False)
 class Policy:
@@ -170,6 +189,18 @@ class Policy:
             hooks are awaited in async code and refused on sync functions.
             A hook that raises is logged and changes nothing.
         on_give_up: Called with a `RetryEvent` when resilient gives up.
+        breaker: A circuit breaker between retry and the call, shared by
+            every policy of this *name*; None for none.
+        bulkhead: A bound on concurrent calls (and on callers waiting for
+            one) to this dependency, shared by name; None for none.
+        retry_budget: A token bucket shared by every caller of this
+            dependency that refuses retries beyond a share of the calls;
+            None for none.
+
+    Applied to a function (``@policy``, `retry`) or a block (`retrying`),
+    the stages run in this order, outermost first: total budget, retry
+    (asking the retry budget before each retry), breaker, bulkhead,
+    attempt timeout, the call. Each runs only if configured.
 
     Defaults follow common practice for calls to remote APIs: 4 attempts,
     full jitter from 0.2 s capped at 5 s, a 30 s budget, and retries on
@@ -208,6 +239,15 @@ class Policy:
     )
     on_give_up: Hook | AsyncHook | None = attrs.field(
         default=None, validator=_check_hook
+    )
+    breaker: BreakerPolicy | None = attrs.field(
+        default=None, validator=_instance_or_none(BreakerPolicy)
+    )
+    bulkhead: BulkheadConfig | None = attrs.field(
+        default=None, validator=_instance_or_none(BulkheadConfig)
+    )
+    retry_budget: RetryBudgetConfig | None = attrs.field(
+        default=None, validator=_instance_or_none(RetryBudgetConfig)
     )
 
     def __attrs_post_init__(self) -> None:
@@ -285,6 +325,9 @@ class PolicyChanges(TypedDict, total=False):
     max_retry_after: float | dt.timedelta
     before_sleep: Hook | AsyncHook | None
     on_give_up: Hook | AsyncHook | None
+    breaker: BreakerPolicy | None
+    bulkhead: BulkheadConfig | None
+    retry_budget: RetryBudgetConfig | None
 
 
 def _default(a: attrs.Attribute[Any]) -> object:
