@@ -506,12 +506,14 @@ class TestCancellation:
         invariants(s)
 
     @pytest.mark.parametrize("kind", ["asyncio", "trio"])
+    @pytest.mark.parametrize("cancel_first", [False, True])
     def test_task_cancelled_just_after_grant(
-        self, kind: str, clock: Any
+        self, kind: str, cancel_first: bool, clock: Any
     ) -> None:
         """A task granted a slot and cancelled before it resumes gives the
-        slot to the next waiter, whether the cancel lands in the wait or
-        at the task's next checkpoint."""
+        slot to the next waiter: whether the cancel lands first (the task
+        wakes cancelled, holding a grant it never saw) or after the grant
+        (the task resumes with the permit and releases it)."""
 
         async def main() -> None:
             bh = bulkhead("db", max_concurrent=1, max_wait=None)
@@ -537,8 +539,12 @@ class TestCancellation:
                 await wait_queued(bh, 1)
                 tg.start_soon(second)
                 await wait_queued(bh, 2)
-                held.release()  # grants the slot to the first waiter...
-                box[0].cancel()  # ...which is cancelled before it resumes
+                if cancel_first:
+                    box[0].cancel()
+                    held.release()
+                else:
+                    held.release()
+                    box[0].cancel()
             assert second_in == [True]
             s = bh.statistics()
             assert (s.in_use, s.waiting, s.cancelled) == (0, 0, 0)
