@@ -37,7 +37,7 @@ from resilient.exceptions import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from types import FrameType, TracebackType
 
     from resilient.typing import Clock
@@ -107,7 +107,6 @@ class TimeoutScope:
         "_cs",
         "_event",
         "_interrupt",
-        "_library",
         "_loop_call",
         "_loop_thread",
         "_outer_at",
@@ -117,6 +116,7 @@ class TimeoutScope:
         "_state",
         "_timed_out",
         "_tokens",
+        "_wakers",
         "at",
         "cancelled_caught",
     )
@@ -140,7 +140,7 @@ class TimeoutScope:
         self._timed_out = False
         self._tokens: tuple[Any, Any] | None = None
         self._cs: anyio.CancelScope | None = None
-        self._library: str | None = None
+        self._wakers: list[Callable[[], object]] = []
         self._loop_call: Callable[[Callable[[], object]], None] | None = None
         self._loop_thread = 0
         self._alarm: _Alarm | None = None
@@ -187,13 +187,17 @@ class TimeoutScope:
         thread; the scope then ends quietly. Safe to call from any thread,
         any number of times, before, inside or after the block.
         """
+        wake: list[Callable[[], object]] = []
         with _LOCK:
             self._cancel_called = True
             todo = [self]
             while todo:
                 scope = todo.pop()
                 scope._event.set()  # noqa: SLF001
+                wake.extend(scope._wakers)  # noqa: SLF001
                 todo.extend(scope._children)  # noqa: SLF001
+        for callback in wake:
+            callback()
         if self._state != "entered":
             return
         if self._cs is not None:
@@ -269,10 +273,10 @@ class TimeoutScope:
             _clock._DEADLINE.set(self.at),  # noqa: SLF001
             _clock._SCOPE.set(self),  # noqa: SLF001
         )
-        self._library = _async_library()
-        if self._library is not None:
+        library = _async_library()
+        if library is not None:
             self._loop_thread = threading.get_ident()
-            self._loop_call = _loop_caller(self._library)
+            self._loop_call = _loop_caller(library)
             left = self.at - now
             self._cs = anyio.CancelScope(deadline=anyio.current_time() + left)
             self._cs.__enter__()
@@ -373,6 +377,54 @@ def _fired(scope: TimeoutScope, now: float) -> TimeoutScope | float | None:
     return found
 
 
+def _encloses(outer: TimeoutScope, inner: TimeoutScope) -> bool:
+    """Whether *inner* is *outer* or was entered inside it."""
+    s: TimeoutScope | None = inner
+    while s is not None and s is not outer:
+        s = s._parent  # noqa: SLF001
+    return s is not None
+
+
+def check_scope() -> None:
+    """
+    Raise if the current scope (or an enclosing one) was cancelled or its
+    deadline passed; nothing outside scopes.
+
+    For the waits of other primitives that do not sleep on the clock (a
+    condition variable, a queue): call it before and after each wait.
+    """
+    scope = _clock._SCOPE.get()  # noqa: SLF001
+    if scope is not None:
+        scope.check()
+
+
+@contextlib.contextmanager
+def wake_on_cancel(callback: Callable[[], object]) -> Iterator[None]:
+    """
+    Call *callback* if the current scope (or an enclosing one) is cancelled
+    while inside this block; at once if it already is.
+
+    For waits that are not clock sleeps: *callback* wakes the waiter (say,
+    ``notify_all()`` under the condition's lock), which then calls
+    `check_scope`. It runs in the thread that calls ``cancel()``, and must
+    not raise.
+    """
+    scope = _clock._SCOPE.get()  # noqa: SLF001
+    if not isinstance(scope, TimeoutScope):
+        yield
+        return
+    with _LOCK:
+        scope._wakers.append(callback)  # noqa: SLF001
+        already = scope._event.is_set()  # noqa: SLF001
+    if already:
+        callback()
+    try:
+        yield
+    finally:
+        with _LOCK:
+            scope._wakers.remove(callback)  # noqa: SLF001
+
+
 @final
 class _Alarm:
     """
@@ -422,10 +474,7 @@ class _Alarm:
         if threading.current_thread() is threading.main_thread():
             return  # The main thread's next wait or checkpoint sees it.
         for alarm in _ALARMS:
-            s: TimeoutScope | None = alarm.scope
-            while s is not None and s is not scope:
-                s = s._parent  # noqa: SLF001
-            if s is not None:
+            if _encloses(scope, alarm.scope) or _encloses(alarm.scope, scope):
                 main = threading.main_thread().ident
                 assert main is not None  # noqa: S101
                 signal.pthread_kill(main, signal.SIGALRM)

@@ -1086,3 +1086,76 @@ def test_scope_cancelled_is_not_an_exception() -> None:
     """ScopeCancelled escapes `except Exception`, like trio's Cancelled."""
     assert not issubclass(resilient.ScopeCancelled, Exception)
     assert issubclass(resilient.TimedOut, TimeoutError)
+
+
+# -- Hooks for other primitives' waits ---------------------------------------
+
+
+def test_condition_wait_wakes_on_cancel_from_another_thread() -> None:
+    """
+    A wait on a condition variable (what a bulkhead or lock does) wakes
+    when another thread cancels the scope, through `wake_on_cancel`, and
+    `check_scope` then stops the block.
+    """
+    cond = threading.Condition()
+
+    def wake() -> None:
+        with cond:
+            cond.notify_all()
+
+    start = time.monotonic()
+    with resilient.timeout(None) as scope:
+        _cancel_soon(scope)
+        with _timeout.wake_on_cancel(wake), cond:
+            while True:
+                _timeout.check_scope()
+                cond.wait(REAL_SLEEP)
+    assert time.monotonic() - start < PROMPTLY
+    assert scope.cancelled_caught
+
+
+def test_wake_on_cancel_bookkeeping(clock: FakeClock) -> None:
+    """
+    The callback runs at once if the scope is already cancelled, runs when
+    an enclosing scope is cancelled, and is forgotten after its block.
+    Outside scopes both helpers do nothing.
+    """
+    calls: list[str] = []
+    with _timeout.wake_on_cancel(lambda: calls.append("none")):
+        _timeout.check_scope()
+    with resilient.timeout(None) as outer, resilient.timeout(5):
+        with _timeout.wake_on_cancel(lambda: calls.append("inner")):
+            outer.cancel()
+        outer.cancel()  # Once more: the callback is gone.
+        with _timeout.wake_on_cancel(lambda: calls.append("late")):
+            pass
+    assert calls == ["inner", "late"]
+
+
+def test_check_scope_raises_after_the_deadline(clock: FakeClock) -> None:
+    """check_scope() sees the deadline in virtual time, like a sleep."""
+    with (
+        pytest.raises(resilient.TimedOut),
+        resilient.timeout(1.0),
+    ):
+        _timeout.check_scope()
+        clock.advance(1.0)
+        _timeout.check_scope()
+
+
+@needs_alarm
+def test_cancelling_an_inner_scope_interrupts_the_main_thread() -> None:
+    """
+    Inside an interrupting scope, cancelling a cooperative inner scope from
+    another thread interrupts the main thread's blocking call too.
+    """
+    start = time.monotonic()
+    with (
+        resilient.timeout(REAL_SLEEP * 2, interrupt=True) as outer,
+        resilient.timeout(None) as inner,
+    ):
+        _cancel_soon(inner)
+        time.sleep(REAL_SLEEP)
+    assert time.monotonic() - start < PROMPTLY
+    assert inner.cancelled_caught
+    assert not outer.cancelled_caught
