@@ -119,6 +119,8 @@ class BulkheadStatistics:
     cancelled: int
 
 
+_Held = tuple["Permit", "_Held"] | None
+
 _WAITING: Final = 0
 _GRANTED: Final = 1
 _GONE: Final = 2
@@ -381,10 +383,11 @@ class Bulkhead:
         self.name = name
         self.config = config
         self._machine = BulkheadMachine(name, config)
-        # The permits ``with bulkhead:`` holds in this thread or task,
-        # innermost last; immutable, so copied contexts cannot share it.
-        self._held: contextvars.ContextVar[tuple[Permit, ...]] = (
-            contextvars.ContextVar(f"resilient_bulkhead_{name}", default=())
+        # The permits ``with bulkhead:`` holds in this thread or task, as
+        # an immutable stack of (innermost, rest) pairs, so that contexts
+        # copied into new tasks or threads cannot share or corrupt it.
+        self._held: contextvars.ContextVar[_Held] = contextvars.ContextVar(
+            f"resilient_bulkhead_{name}", default=None
         )
 
     def acquire_nowait(self) -> Permit:
@@ -491,8 +494,9 @@ class Bulkhead:
             return await fn(*args, **kwargs)
 
     def __enter__(self) -> Permit:
-        permit = self.acquire()
-        self._held.set((*self._held.get(), permit))
+        m = self._machine
+        permit = Permit(m) if m.try_acquire() else self.acquire()
+        self._held.set((permit, self._held.get()))
         return permit
 
     def __exit__(
@@ -501,11 +505,11 @@ class Bulkhead:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._pop_held()
+        self._machine.release(self._pop_held())
 
     async def __aenter__(self) -> Permit:
         permit = await self.acquire_async()
-        self._held.set((*self._held.get(), permit))
+        self._held.set((permit, self._held.get()))
         return permit
 
     async def __aexit__(
@@ -514,17 +518,18 @@ class Bulkhead:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._pop_held()
+        self._machine.release(self._pop_held())
 
-    def _pop_held(self) -> None:
+    def _pop_held(self) -> Permit:
         held = self._held.get()
-        if not held:
+        if held is None:
             raise RuntimeError(
                 f"bulkhead {self.name!r} exited more often than entered "
                 "in this thread or task"
             )
-        self._held.set(held[:-1])
-        held[-1].release()
+        permit, rest = held
+        self._held.set(rest)
+        return permit
 
     def _wait_limit(self, timeout: float | None) -> tuple[float, RejectReason]:
         """Seconds a caller may wait, and what ends the wait."""

@@ -698,6 +698,25 @@ class TestForms:
         assert "released" in repr(p)
         assert bh.statistics().in_use == 0
 
+    def test_with_block_waits_for_a_slot(self, clock: Any) -> None:
+        """``with bh:`` queues like acquire() when the slots are taken."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=None)
+        held = bh.acquire()
+        done = threading.Event()
+
+        def body() -> None:
+            with bh:
+                done.set()
+
+        t = threading.Thread(target=body)
+        t.start()
+        queued(bh, 1)
+        assert not done.is_set()
+        held.release()
+        t.join(10)
+        assert done.is_set()
+        assert bh.statistics().in_use == 0
+
     def test_exit_without_enter(self) -> None:
         """Exiting a bulkhead never entered in this context is an error."""
         bh = bulkhead("db")
