@@ -66,6 +66,9 @@ class RetryMachine:
             earlier of the policy's budget and any enclosing deadline.
         retry_budget: The dependency's shared retry budget, asked before
             every retry; None for no budget.
+        breaker_wait: Seconds until the dependency's breaker admits a call
+            (0 when closed); a retry never starts before that, and gives up
+            at once when that is past the deadline.
     """
 
     __slots__ = (
@@ -74,6 +77,7 @@ class RetryMachine:
         "_previous",
         "_testing",
         "attempt",
+        "breaker_wait",
         "clock",
         "deadline",
         "policy",
@@ -90,9 +94,11 @@ class RetryMachine:
         start: float,
         deadline: float = math.inf,
         retry_budget: RetryBudget | None = None,
+        breaker_wait: Callable[[], float] | None = None,
     ) -> None:
         self.policy = policy
         self.retry_budget = retry_budget
+        self.breaker_wait = breaker_wait
         self.clock = clock
         self.rng = rng
         self.start = start
@@ -179,11 +185,21 @@ class RetryMachine:
             delay = self.policy.backoff.delay(
                 self.attempt - 1, self._previous, self.rng
             )
+        # Never retry into an open breaker: wait until it admits a probe.
+        blocked = False
+        if self.breaker_wait is not None and not self._testing:
+            wait = self.breaker_wait()
+            if wait > delay:
+                delay, blocked = wait, True
         # Never start a wait that ends at or past the deadline: the attempt
         # after it would have no time left.
         if self.clock.now() + delay >= self.deadline:
             reason: Any = (
-                "budget" if self.deadline == self._budget_end else "deadline"
+                "breaker_open"
+                if blocked
+                else "budget"
+                if self.deadline == self._budget_end
+                else "deadline"
             )
             return GiveUp(reason, self._event(exc, result, None, reason))
         return self._grant(exc, result, delay)
@@ -288,6 +304,9 @@ class _Call:
                 self._start,
                 self._outer,
                 None if guards is None else guards.budget,
+                None
+                if guards is None or guards.breaker is None
+                else guards.breaker.retry_after,
             )
         return m
 
