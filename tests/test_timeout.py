@@ -1159,3 +1159,13 @@ def test_cancelling_an_inner_scope_interrupts_the_main_thread() -> None:
     assert time.monotonic() - start < PROMPTLY
     assert inner.cancelled_caught
     assert not outer.cancelled_caught
+
+
+@needs_alarm
+def test_a_handler_installed_from_c_is_left_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """When SIGALRM belongs to C code (Python sees None), no interrupt."""
+    monkeypatch.setattr(signal, "getsignal", lambda signum: None)
+    with resilient.timeout(1.0, interrupt=True) as scope:
+        assert not scope.interrupting
