@@ -119,7 +119,7 @@ class BulkheadStatistics:
     cancelled: int
 
 
-_Held = tuple["Permit", "_Held"] | None
+_Held = tuple["BulkheadPermit", "_Held"] | None
 
 _WAITING: Final = 0
 _GRANTED: Final = 1
@@ -147,7 +147,7 @@ class _Waiter:
 
 
 @final
-class Permit:
+class BulkheadPermit:
     """
     One slot of a bulkhead, held until `release`.
 
@@ -174,7 +174,7 @@ class Permit:
         """
         self._machine.release(self)
 
-    def __enter__(self) -> Permit:
+    def __enter__(self) -> BulkheadPermit:
         return self
 
     def __exit__(
@@ -187,7 +187,7 @@ class Permit:
 
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
-        return f"<Permit of {self._machine.name!r}, {state}>"
+        return f"<BulkheadPermit of {self._machine.name!r}, {state}>"
 
 
 @final
@@ -304,7 +304,7 @@ class BulkheadMachine:
                 self._free_slot()
             waiter.state = _GONE
 
-    def release(self, permit: Permit) -> None:
+    def release(self, permit: BulkheadPermit) -> None:
         """Give back *permit*'s slot, once."""
         with self._lock:
             if permit._released:  # noqa: SLF001
@@ -390,7 +390,7 @@ class Bulkhead:
             f"resilient_bulkhead_{name}", default=None
         )
 
-    def acquire_nowait(self) -> Permit:
+    def acquire_nowait(self) -> BulkheadPermit:
         """
         A permit if a slot is free now.
 
@@ -398,10 +398,10 @@ class Bulkhead:
             BulkheadFull: Every slot is taken (or others already queue).
         """
         if self._machine.try_acquire():
-            return Permit(self._machine)
+            return BulkheadPermit(self._machine)
         raise self._reject("full", 0.0)
 
-    def acquire(self, timeout: float | None = None) -> Permit:
+    def acquire(self, timeout: float | None = None) -> BulkheadPermit:
         """
         A permit, waiting in this thread for a slot if need be.
 
@@ -414,13 +414,13 @@ class Bulkhead:
         """
         m = self._machine
         if m.try_acquire():
-            return Permit(m)
+            return BulkheadPermit(m)
         clock = _clock.get_clock()
         seconds, reason = self._wait_limit(timeout)
         event = threading.Event()
         waiter = m.enqueue(clock.now(), seconds, reason, event.set)
         if waiter is None:
-            return Permit(m)
+            return BulkheadPermit(m)
         if isinstance(waiter, str):
             raise self._reject(waiter, 0.0)
         exact = type(clock) is MonotonicClock
@@ -435,7 +435,7 @@ class Bulkhead:
     async def acquire_async(
         self,
         timeout: float | None = None,  # noqa: ASYNC109 (as in `acquire`)
-    ) -> Permit:
+    ) -> BulkheadPermit:
         """
         A permit, waiting in this task for a slot if need be.
 
@@ -450,13 +450,13 @@ class Bulkhead:
         """
         m = self._machine
         if m.try_acquire():
-            return Permit(m)
+            return BulkheadPermit(m)
         clock = _clock.get_clock()
         seconds, reason = self._wait_limit(timeout)
         event = anyio.Event()
         waiter = m.enqueue(clock.now(), seconds, reason, _waker(event))
         if waiter is None:
-            return Permit(m)
+            return BulkheadPermit(m)
         if isinstance(waiter, str):
             raise self._reject(waiter, 0.0)
         exact = type(clock) is MonotonicClock
@@ -493,9 +493,9 @@ class Bulkhead:
         with await self.acquire_async():
             return await fn(*args, **kwargs)
 
-    def __enter__(self) -> Permit:
+    def __enter__(self) -> BulkheadPermit:
         m = self._machine
-        permit = Permit(m) if m.try_acquire() else self.acquire()
+        permit = BulkheadPermit(m) if m.try_acquire() else self.acquire()
         self._held.set((permit, self._held.get()))
         return permit
 
@@ -507,7 +507,7 @@ class Bulkhead:
     ) -> None:
         self._machine.release(self._pop_held())
 
-    async def __aenter__(self) -> Permit:
+    async def __aenter__(self) -> BulkheadPermit:
         permit = await self.acquire_async()
         self._held.set((permit, self._held.get()))
         return permit
@@ -520,7 +520,7 @@ class Bulkhead:
     ) -> None:
         self._machine.release(self._pop_held())
 
-    def _pop_held(self) -> Permit:
+    def _pop_held(self) -> BulkheadPermit:
         held = self._held.get()
         if held is None:
             raise RuntimeError(
@@ -545,14 +545,14 @@ class Bulkhead:
 
     def _granted(
         self, waiter: _Waiter, done: bool | RejectReason, now: float
-    ) -> Permit:
+    ) -> BulkheadPermit:
         """Turn `settle`'s answer into a permit, or refuse."""
         waited = max(0.0, now - waiter.since)
         metrics = _metrics()
         if metrics is not None:
             metrics.wait.record(waited, {"resilient.bulkhead": self.name})
         if done is True:
-            return Permit(self._machine)
+            return BulkheadPermit(self._machine)
         raise self._reject(cast("RejectReason", done), waited)
 
     def _reject(self, reason: RejectReason, waited: float) -> BulkheadFull:

@@ -33,8 +33,8 @@ from resilient._bulkhead import (
     BULKHEADS,
     Bulkhead,
     BulkheadMachine,
+    BulkheadPermit,
     BulkheadStatistics,
-    Permit,
     bulkhead,
     get_bulkhead,
 )
@@ -85,7 +85,9 @@ class Actors:
         if self._portal_cm is not None:
             self._portal_cm.__exit__(None, None, None)
 
-    def acquire(self, bh: Bulkhead, timeout: float | None = None) -> Permit:
+    def acquire(
+        self, bh: Bulkhead, timeout: float | None = None
+    ) -> BulkheadPermit:
         """Acquire in this colour, blocking the test until it returns."""
         if self.kind == "sync":
             return bh.acquire(timeout)
@@ -96,10 +98,10 @@ class Actors:
         bh: Bulkhead,
         timeout: float | None = None,
         deadline: float | None = None,
-    ) -> Future[Permit]:
+    ) -> Future[BulkheadPermit]:
         """Start one acquirer (inside *deadline*); its outcome."""
         if self.kind == "sync":
-            fut: Future[Permit] = Future()
+            fut: Future[BulkheadPermit] = Future()
 
             def body() -> None:
                 try:
@@ -111,7 +113,7 @@ class Actors:
             threading.Thread(target=body, daemon=True).start()
             return fut
 
-        async def abody() -> Permit:
+        async def abody() -> BulkheadPermit:
             with resilient.deadline(deadline):
                 return await bh.acquire_async(timeout)
 
@@ -173,7 +175,7 @@ class TestMachine:
     def test_release_hands_slot_to_first_waiter(self) -> None:
         """FIFO: the first waiter is granted and woken; in_use stays."""
         m = self.machine(1)
-        first = Permit(m)
+        first = BulkheadPermit(m)
         m.try_acquire()
         woken: list[str] = []
         a = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("a"))
@@ -209,7 +211,7 @@ class TestMachine:
     def test_cancel_while_waiting(self) -> None:
         """A waiter abandoned before its grant leaves the queue."""
         m = self.machine(1)
-        p = Permit(m)
+        p = BulkheadPermit(m)
         m.try_acquire()
         w = m.enqueue(0.0, 9.0, "timeout", lambda: None)
         assert not isinstance(w, str | None)
@@ -222,7 +224,7 @@ class TestMachine:
     def test_cancel_just_after_grant_passes_slot_on(self) -> None:
         """A waiter abandoned after its grant passes the slot to the next."""
         m = self.machine(1)
-        p = Permit(m)
+        p = BulkheadPermit(m)
         m.try_acquire()
         woken: list[str] = []
         a = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("a"))
@@ -240,7 +242,7 @@ class TestMachine:
     def test_cancel_just_after_grant_frees_slot(self) -> None:
         """With nobody else waiting, the abandoned grant frees the slot."""
         m = self.machine(1)
-        p = Permit(m)
+        p = BulkheadPermit(m)
         m.try_acquire()
         a = m.enqueue(0.0, 9.0, "timeout", lambda: None)
         assert not isinstance(a, str | None)
@@ -254,7 +256,7 @@ class TestMachine:
     def test_dead_waiter_skipped(self) -> None:
         """A waiter whose wake-up fails (its loop is gone) is skipped."""
         m = self.machine(1)
-        p = Permit(m)
+        p = BulkheadPermit(m)
         m.try_acquire()
 
         def dead() -> None:
@@ -271,7 +273,7 @@ class TestMachine:
     def test_dead_last_waiter_frees_slot(self) -> None:
         """With only a dead waiter queued, the slot becomes free."""
         m = self.machine(1)
-        p = Permit(m)
+        p = BulkheadPermit(m)
         m.try_acquire()
 
         def dead() -> None:
@@ -286,7 +288,7 @@ class TestMachine:
         m = self.machine(2)
         m.try_acquire()
         m.try_acquire()
-        p = Permit(m)
+        p = BulkheadPermit(m)
         p.release()
         p.release()
         assert p.released
@@ -475,7 +477,7 @@ class TestScenarios:
             queued(bh, 1)
             held.release()  # from this thread to the task
             task_permit = fut.result(timeout=10)
-            got: list[Permit] = []
+            got: list[BulkheadPermit] = []
             t = threading.Thread(target=lambda: got.append(bh.acquire()))
             t.start()
             queued(bh, 1)
@@ -990,7 +992,7 @@ class TestTelemetry:
             pytest.raises(BulkheadFull),
         ):
             bh.acquire_nowait()
-        fut: Future[Permit] = Future()
+        fut: Future[BulkheadPermit] = Future()
         t = threading.Thread(target=lambda: fut.set_result(bh.acquire()))
         t.start()
         queued(bh, 1)
