@@ -190,6 +190,10 @@ class BulkheadPermit:
         return f"<BulkheadPermit of {self._machine.name!r}, {state}>"
 
 
+# The short name the pipeline uses inside the package.
+Permit = BulkheadPermit
+
+
 @final
 class BulkheadMachine:
     """
