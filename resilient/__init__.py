@@ -18,6 +18,13 @@ from resilient._breaker import (
     breaker,
     set_breaker_defaults,
 )
+from resilient._bulkhead import (
+    Bulkhead,
+    BulkheadPermit,
+    BulkheadStatistics,
+    bulkhead,
+    get_bulkhead,
+)
 from resilient._core._backoff import (
     Constant,
     Custom,
@@ -39,11 +46,18 @@ from resilient._core._config_breaker import (
     CountWindow,
     TimeWindow,
 )
+from resilient._core._config_bulkhead import BulkheadConfig
+from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
+from resilient._retry_budget import (
+    RetryBudget,
+    RetryBudgetStatistics,
+    get_retry_budget,
+)
 from resilient._timeout import (
     TimeoutScope,
     deadline_from_header,
@@ -53,6 +67,7 @@ from resilient._timeout import (
     timeout_at,
 )
 from resilient.exceptions import (
+    BulkheadFull,
     CircuitOpen,
     ConfigError,
     ConfigTypeError,
@@ -70,6 +85,11 @@ __all__ = [
     "BreakerState",
     "BreakerStatistics",
     "BreakerTransition",
+    "Bulkhead",
+    "BulkheadConfig",
+    "BulkheadFull",
+    "BulkheadPermit",
+    "BulkheadStatistics",
     "CircuitBreaker",
     "CircuitOpen",
     "ConfigError",
@@ -86,6 +106,9 @@ __all__ = [
     "MonotonicClock",
     "Policy",
     "ResilientError",
+    "RetryBudget",
+    "RetryBudgetConfig",
+    "RetryBudgetStatistics",
     "RetryEvent",
     "RetryMachine",
     "Retrying",
@@ -94,12 +117,15 @@ __all__ = [
     "TimedOut",
     "TimeoutScope",
     "breaker",
+    "bulkhead",
     "checkpoint",
     "configure_telemetry",
     "deadline",
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
+    "get_bulkhead",
+    "get_retry_budget",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
