@@ -47,10 +47,11 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
-from resilient._breaker import breaker
-from resilient._bulkhead import bulkhead
-from resilient._core._config_breaker import BreakerPolicy, CountWindow
-from resilient.exceptions import CircuitOpen
+import resilient
+from resilient import BreakerPolicy, CircuitOpen, CountWindow, bulkhead
+
+
+breaker = resilient.breaker
 
 
 THRESHOLD = 5
@@ -60,6 +61,7 @@ FLOOR = "floor (hand-written)"
 RES = "resilient"
 RES_COUNT = "resilient CountWindow(5)"
 BARE = "(undecorated call)"
+PIPE_RES = "resilient @policy"
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -379,6 +381,10 @@ def sync_cases() -> list[h.Case]:
                 ok()
 
     cases += [
+        h.Case("sync pipeline", name, run=_sync_calls(fn))
+        for name, fn in pipelines(is_async=False)
+    ]
+    cases += [
         h.Case(group, BARE, run=_sync_calls(ok)),
         h.Case(group, "threading.Semaphore", run=with_sem),
         h.Case(group, "threading.BoundedSemaphore", run=with_bounded),
@@ -398,6 +404,10 @@ async def async_cases(backend: str) -> list[h.Case]:
             cases.append(h.Case(closed, name, arun=_async_calls(make()(aok))))
             guarded = await _open_async(make())
             cases.append(h.Case(opened, name, arun=_async_rejections(guarded)))
+        cases += [
+            h.Case("asyncio pipeline", name, arun=_async_calls(fn))
+            for name, fn in pipelines(is_async=True)
+        ]
 
     group = f"{backend} bulkhead"
     sem = anyio.Semaphore(25)
@@ -433,6 +443,100 @@ async def async_cases(backend: str) -> list[h.Case]:
         h.Case(group, "resilient @bulkhead", arun=_async_calls(decorated)),
     ]
     return cases
+
+
+# The whole pipeline: retry around a breaker (and a bulkhead), success path.
+
+PIPE_NOTES = (
+    (
+        "pipeline: up to 4 attempts, zero wait, retry on ValueError, a"
+        " breaker that opens after 5 failures; success path only"
+    ),
+    (
+        "pipeline floor: the hand-written retry loop around the"
+        " hand-written breaker"
+    ),
+    (
+        "resilient @policy: Policy(retry_on=ValueError,"
+        " backoff=Constant(seconds=0), budget=None, attempts=4,"
+        " breaker=BreakerPolicy(...)) used as the decorator; '+ bulkhead'"
+        " adds bulkhead=BulkheadConfig(max_concurrent=25)"
+    ),
+    "tenacity + pybreaker / aiobreaker: tenacity.retry(...)(breaker(fn))",
+)
+
+
+def _retry_floor(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The hand-written retry loop of bench_retry.py, sync or async."""
+    if asyncio.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            for _ in range(3):
+                try:
+                    return await fn(*args, **kwargs)
+                except ValueError:
+                    continue
+            return await fn(*args, **kwargs)
+
+        return awrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(3):
+            try:
+                return fn(*args, **kwargs)
+            except ValueError:
+                continue
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _pipeline_policy(*, with_bulkhead: bool) -> resilient.Policy:
+    return resilient.Policy(
+        name=f"bench-{next(_names)}",
+        retry_on=ValueError,
+        backoff=resilient.Constant(seconds=0),
+        budget=None,
+        attempts=4,
+        breaker=BreakerPolicy(
+            open_interval=OPEN_FOR, max_open_interval=OPEN_FOR
+        ),
+        bulkhead=(
+            resilient.BulkheadConfig(max_concurrent=25)
+            if with_bulkhead
+            else None
+        ),
+    )
+
+
+def pipelines(*, is_async: bool) -> list[tuple[str, Callable[..., Any]]]:
+    """(name, the guarded `ok`) per contender of the pipeline group."""
+    import tenacity
+
+    target: Callable[..., Any] = aok if is_async else ok
+    floor_breaker = (AsyncFloorBreaker if is_async else FloorBreaker)(
+        THRESHOLD, OPEN_FOR
+    )
+    peer_breaker = _aiobreaker() if is_async else _pybreaker()
+    peer = "aiobreaker" if is_async else "pybreaker"
+    stack = tenacity.retry(
+        stop=tenacity.stop_after_attempt(4),
+        wait=tenacity.wait_none(),
+        retry=tenacity.retry_if_exception_type(ValueError),
+        reraise=True,
+    )
+    return [
+        (BARE, target),
+        (FLOOR, _retry_floor(floor_breaker(target))),
+        (PIPE_RES, _pipeline_policy(with_bulkhead=False)(target)),
+        (
+            f"{PIPE_RES} + bulkhead",
+            _pipeline_policy(with_bulkhead=True)(target),
+        ),
+        (f"tenacity + {peer}", stack(peer_breaker(target))),
+    ]
 
 
 def _floors(group: str) -> str:
@@ -499,10 +603,8 @@ def main(argv: list[str] | None = None) -> int:
     groups: dict[str, list[h.Row]] = {}
     for group in dict.fromkeys(c.group for c in all_cases):
         members = [c for c in all_cases if c.group == group]
-        reference = (
-            next(c.name for c in members if c.name.startswith("resilient"))
-            if group.endswith("bulkhead")
-            else RES
+        reference = next(
+            c.name for c in members if c.name.startswith("resilient")
         )
         groups.update(
             h.rows_of(
@@ -517,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         print(h.format_table(f"{group} ({what})", [], rows))
         print()
     print("Configuration:")
-    for note in NOTES:
+    for note in NOTES + PIPE_NOTES:
         print(f"  - {note}")
     print(f"\n(total {time.perf_counter() - started:.1f} s)")
 
@@ -525,7 +627,11 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(args.json)
         out = path.with_name(f"{path.stem}.breaker{path.suffix or '.json'}")
         h.write_json(
-            str(out), settings, groups, {}, {"configuration": list(NOTES)}
+            str(out),
+            settings,
+            groups,
+            {},
+            {"configuration": list(NOTES + PIPE_NOTES)},
         )
         print(f"wrote {out}")
     return 0
