@@ -1039,6 +1039,10 @@ class TestRegistry:
         stray = CircuitBreaker("stray", small())
         stray.force_open()
         assert "stray" not in _REGISTRY.kept()
+        _REGISTRY.clear()  # Forgotten by the registry, still held here:
+        cb.reset()
+        cb.force_open()  # opening does not bring it back.
+        assert _REGISTRY.kept() == []
 
 
 class TestThreads:
@@ -1071,14 +1075,14 @@ class TestThreads:
         assert cb.state is CLOSED
 
 
-def test_docs_examples_run() -> None:
-    """The examples in docs/breaker.md run as written."""
+def test_docs_examples_run(clock: Any) -> None:
+    """The examples in docs/breaker.md run as written, on a fake clock."""
     path = pathlib.Path(__file__).parent.parent / "docs" / "breaker.md"
     result = doctest.testfile(
         str(path),
         module_relative=False,
         optionflags=doctest.ELLIPSIS,
-        globs={"resilient": resilient},
+        globs={"resilient": resilient, "clock": clock},
     )
     assert result.attempted > 0
     assert result.failed == 0
