@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import importlib.util
 import inspect
 import itertools
 import math
@@ -235,8 +236,9 @@ def contenders(
         ),
         (RES, resilient.retry(DEFAULT_POLICY), False),
         (RES_NB, resilient.retry(NO_BUDGET_POLICY), False),
-        (RES_OTEL, resilient.retry(DEFAULT_POLICY), True),
     ]
+    if importlib.util.find_spec("opentelemetry.sdk") is not None:
+        rows.append((RES_OTEL, resilient.retry(DEFAULT_POLICY), True))
     for name, make in (
         ("tenacity", _tenacity),
         ("stamina", _stamina),
