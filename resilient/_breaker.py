@@ -521,8 +521,8 @@ class BreakerPermit:
     def failure(self, exc: BaseException) -> None:
         """
         The call raised *exc*: a failure, a success or nothing, as the
-        breaker's `BreakerPolicy.failure_on` and `ignore_on` say.
-        Cancellation and other non-`Exception`s never count.
+        breaker's `BreakerPolicy.failure_on` and *ignore_on* say.
+        Cancellation, `KeyboardInterrupt` and `SystemExit` never count.
         """
         self._breaker._settle(self, self._breaker._outcome(exc))  # noqa: SLF001
 
