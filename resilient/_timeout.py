@@ -88,9 +88,10 @@ class TimeoutScope:
 
     Made by `timeout`, `timeout_at` and `deadline_from_header`; enter it
     with ``with`` (sync or async code) or ``async with``.
-    In async code it is an anyio cancel scope; in sync code every wait of
-    the library wakes when it fires, `checkpoint()` raises, and with
-    *interrupt* blocking code in the main thread is interrupted too.
+    In async code it is an anyio cancel scope. In sync code every wait of
+    the library wakes when it fires (from any thread), `checkpoint()`
+    raises once its deadline has passed, and with *interrupt* blocking code
+    in the main thread is interrupted too.
 
     When its own deadline passes it raises `TimedOut`, a `TimeoutError`.
     When an enclosing scope fires, it lets that scope's exception through.
