@@ -421,8 +421,8 @@ class Bulkhead:
             return BulkheadPermit(m)
         clock = _clock.get_clock()
         seconds, reason = self._wait_limit(timeout)
-        event = threading.Event()
-        waiter = m.enqueue(clock.now(), seconds, reason, event.set)
+        gate = _new_gate()
+        waiter = m.enqueue(clock.now(), seconds, reason, gate.release)
         if waiter is None:
             return BulkheadPermit(m)
         if isinstance(waiter, str):
@@ -430,7 +430,8 @@ class Bulkhead:
         exact = type(clock) is MonotonicClock
         try:
             while (done := m.settle(waiter, clock.now())) is False:
-                event.wait(_slice(waiter, clock.now(), exact=exact))
+                wait = _slice(waiter, clock.now(), exact=exact)
+                gate.acquire(True, -1 if wait == math.inf else wait)
         except BaseException:
             m.abandon(waiter)
             raise
@@ -466,10 +467,12 @@ class Bulkhead:
         exact = type(clock) is MonotonicClock
         try:
             while (done := m.settle(waiter, clock.now())) is False:
-                with anyio.move_on_after(
-                    _slice(waiter, clock.now(), exact=exact)
-                ):
+                wait = _slice(waiter, clock.now(), exact=exact)
+                if wait == math.inf:
                     await event.wait()
+                else:
+                    with anyio.move_on_after(wait):
+                        await event.wait()
         except BaseException:
             m.abandon(waiter)
             raise
@@ -583,16 +586,26 @@ class Bulkhead:
         )
 
 
-def _slice(waiter: _Waiter, now: float, *, exact: bool) -> float | None:
+def _slice(waiter: _Waiter, now: float, *, exact: bool) -> float:
     """
     How long to block before looking again: until the waiter's deadline on
-    the real clock; a short poll on any other clock, whose time moves
-    without telling us.
+    the real clock (at most what a lock wait accepts); a short poll on any
+    other clock, whose time moves without telling us.
     """
     if not exact:
         return POLL_INTERVAL
     left = waiter.deadline - now
-    return None if left == math.inf else left
+    return left if left == math.inf else min(left, threading.TIMEOUT_MAX)
+
+
+def _new_gate() -> threading.Lock:
+    """
+    A held lock a waiting thread blocks on and its waker releases: a
+    one-shot signal far cheaper than a `threading.Event`.
+    """
+    gate = threading.Lock()
+    gate.acquire()
+    return gate
 
 
 def _waker(event: anyio.Event) -> Callable[[], None]:

@@ -468,6 +468,20 @@ class TestScenarios:
         s = bh.statistics()
         assert (s.acquired, s.released, s.waiting) == (1, 1, 0)
 
+    def test_huge_wait_is_clipped_for_threads(self) -> None:
+        """A max_wait beyond what a lock wait accepts still works (real
+        clock): the wait is clipped, not an OverflowError."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=1e300)
+        held = bh.acquire()
+        got: list[BulkheadPermit] = []
+        t = threading.Thread(target=lambda: got.append(bh.acquire()))
+        t.start()
+        queued(bh, 1)
+        held.release()
+        t.join(10)
+        got[0].release()
+        assert bh.statistics().acquired == 2
+
     def test_threads_and_tasks_share_slots(self, clock: Any) -> None:
         """A thread and a task draw from the same slots, both ways."""
         bh = bulkhead("db", max_concurrent=1, max_wait=5.0)
@@ -559,13 +573,15 @@ class TestCancellation:
     ) -> None:
         """A thread interrupted (KeyboardInterrupt) in the queue leaves it."""
 
-        class Interrupted(threading.Event):
-            def wait(self, timeout: float | None = None) -> bool:
+        class Interrupted:
+            def acquire(self, blocking: bool, timeout: float) -> bool:
                 raise KeyboardInterrupt
+
+            def release(self) -> None: ...
 
         bh = bulkhead("db", max_concurrent=1, max_wait=None)
         held = bh.acquire()
-        monkeypatch.setattr("resilient._bulkhead.threading.Event", Interrupted)
+        monkeypatch.setattr("resilient._bulkhead._new_gate", Interrupted)
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()
         held.release()
@@ -579,14 +595,19 @@ class TestCancellation:
         bh = bulkhead("db", max_concurrent=1, max_wait=None)
         held = bh.acquire()
 
-        class GrantThenInterrupt(threading.Event):
-            def wait(self, timeout: float | None = None) -> bool:
+        class GrantThenInterrupt:
+            released = False
+
+            def acquire(self, blocking: bool, timeout: float) -> bool:
                 held.release()  # the grant arrives...
-                assert self.is_set()
+                assert self.released
                 raise KeyboardInterrupt  # ...and so does a signal
 
+            def release(self) -> None:
+                self.released = True
+
         monkeypatch.setattr(
-            "resilient._bulkhead.threading.Event", GrantThenInterrupt
+            "resilient._bulkhead._new_gate", GrantThenInterrupt
         )
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()
