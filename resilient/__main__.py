@@ -1,9 +1,11 @@
 """
 The command line: ``python -m resilient simulate ...``.
 
-Runs the retry simulator (`resilient._simulate`) and prints the load on the
+Runs the retry simulator (`resilient.simulation`) and prints the load on the
 dependency over time, work amplification, success rate, give-ups, latency
-percentiles and drain time; ``--plot FILE.png`` also draws the load.
+percentiles and drain time, and with ``--breaker`` or ``--retry-budget`` the
+breaker's state over time, its rejections and the budget's refusals;
+``--plot FILE.png`` also draws the load.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from resilient import _simulate
+from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient.exceptions import ConfigError
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+    from resilient._core._config_breaker import BreakerPolicy
 
 
 _PROG: Final = "python -m resilient"
@@ -26,14 +31,51 @@ _PROG: Final = "python -m resilient"
 # A refused setting is named after a field (``Policy.attempts``); the user
 # typed an option (``--attempts``).
 _OPTION_OF_FIELD: Final = {
-    "seconds": "--base",
+    "Constant.seconds": "--base",
     "strategy": "--strategy",
+    "BreakerPolicy.failure_rate": "--breaker-failure-rate",
+    "BreakerPolicy.minimum_calls": "--breaker-minimum-calls",
+    "TimeWindow.seconds": "--breaker-window",
+    "BreakerPolicy.open_interval": "--breaker-open-interval",
+    "BreakerPolicy.max_open_interval": "--breaker-open-interval",
+    "BreakerPolicy.half_open_probes": "--breaker-probes",
+    "RetryBudgetConfig.ratio": "--retry-budget-ratio",
+    "RetryBudgetConfig.min_per_second": "--retry-budget-min",
+    "RetryBudgetConfig.window": "--retry-budget-window",
+}
+
+# The options that tune a guard, by the switch that turns it on.
+_KNOBS: Final = {
+    "--breaker": (
+        ("breaker_failure_rate", _simulate.BREAKER_FAILURE_RATE),
+        ("breaker_minimum_calls", _simulate.BREAKER_MINIMUM_CALLS),
+        ("breaker_window", _simulate.BREAKER_WINDOW),
+        ("breaker_open_interval", _simulate.BREAKER_OPEN_INTERVAL),
+        ("breaker_probes", _simulate.BREAKER_PROBES),
+    ),
+    "--retry-budget": (
+        ("retry_budget_ratio", 0.2),
+        ("retry_budget_min", 10.0),
+        ("retry_budget_window", 10.0),
+    ),
 }
 
 
 def _option(field: str) -> str:
+    if field in _OPTION_OF_FIELD:
+        return _OPTION_OF_FIELD[field]
     name = field.rpartition(".")[2]
     return _OPTION_OF_FIELD.get(name, "--" + name.replace("_", "-"))
+
+
+class _KnobWithoutSwitchError(ValueError):
+    """A guard's option was given without the option that turns it on."""
+
+    def __init__(self, option: str, value: object, switch: str) -> None:
+        self.option = option
+        super().__init__(
+            f"{value!r} given, but the option only applies with {switch}"
+        )
 
 
 def _int_or_none(text: str) -> int | None:
@@ -110,6 +152,21 @@ def _simulate_parser(sub: Any) -> None:
         help="window over which the clients start their calls "
         "(default: %(default)s)",
     )
+    fleet.add_argument(
+        "--rate",
+        type=float,
+        default=d.rate,
+        metavar="CPS",
+        help="steady new calls per second on top of the clients, arriving "
+        "at random until --rate-until (default: %(default)s, none)",
+    )
+    fleet.add_argument(
+        "--rate-until",
+        type=float,
+        default=d.rate_until,
+        metavar="SECONDS",
+        help="when the steady calls stop (default: %(default)s)",
+    )
     policy = p.add_argument_group("the retry policy")
     policy.add_argument(
         "--strategy",
@@ -150,6 +207,7 @@ def _simulate_parser(sub: Any) -> None:
         help="seconds per call, waits included; 'none' for no limit "
         "(default: %(default)s)",
     )
+    _guard_options(p)
     run = p.add_argument_group("the run")
     run.add_argument(
         "--seed",
@@ -184,6 +242,136 @@ def _simulate_parser(sub: Any) -> None:
     )
 
 
+def _knob_help(flag: str, text: str) -> str:
+    """*text*, with the option's default and the switch it needs."""
+    dest = flag.removeprefix("--").replace("-", "_")
+    for switch, knobs in _KNOBS.items():
+        for name, default in knobs:
+            if name == dest:
+                return f"{text} (default: {default:g}; needs {switch})"
+    raise AssertionError(flag)  # pragma: no cover (a typo in a flag)
+
+
+def _guard_options(p: argparse.ArgumentParser) -> None:
+    """The options of the circuit breaker and the retry budget."""
+    b = p.add_argument_group(
+        "the circuit breaker",
+        "one breaker shared by every client; its options need --breaker",
+    )
+    b.add_argument(
+        "--breaker",
+        action="store_true",
+        help="put the library's circuit breaker between the clients' "
+        "retries and the dependency",
+    )
+    for flag, kind, metavar, text in (
+        (
+            "--breaker-failure-rate",
+            float,
+            "RATE",
+            "open at this fraction of failed calls in the window, in (0, 1]",
+        ),
+        (
+            "--breaker-minimum-calls",
+            int,
+            "N",
+            "never open on fewer calls in the window",
+        ),
+        (
+            "--breaker-window",
+            float,
+            "SECONDS",
+            "seconds of calls the failure rate is taken over",
+        ),
+        (
+            "--breaker-open-interval",
+            float,
+            "SECONDS",
+            "seconds an open breaker rejects calls before it admits probes",
+        ),
+        (
+            "--breaker-probes",
+            int,
+            "N",
+            "probes admitted while half-open; this many successes close it",
+        ),
+    ):
+        b.add_argument(
+            flag, type=kind, metavar=metavar, help=_knob_help(flag, text)
+        )
+    r = p.add_argument_group(
+        "the retry budget",
+        "one retry budget shared by every client: retries within the window "
+        "stay under RATIO * calls + MIN * window; its options need "
+        "--retry-budget",
+    )
+    r.add_argument(
+        "--retry-budget",
+        action="store_true",
+        help="ask the library's retry budget before every retry",
+    )
+    for flag, metavar, text in (
+        ("--retry-budget-ratio", "RATIO", "retries allowed per call"),
+        (
+            "--retry-budget-min",
+            "RPS",
+            "retries per second allowed whatever the traffic",
+        ),
+        (
+            "--retry-budget-window",
+            "SECONDS",
+            "seconds a call or a retry is remembered",
+        ),
+    ):
+        r.add_argument(
+            flag, type=float, metavar=metavar, help=_knob_help(flag, text)
+        )
+
+
+def _guards(
+    args: argparse.Namespace,
+) -> tuple[BreakerPolicy | None, RetryBudgetConfig | None]:
+    """
+    The breaker and retry budget *args* ask for.
+
+    Raises:
+        _KnobWithoutSwitchError: A guard's option without its switch.
+        ConfigError: A refused value.
+    """
+    values: dict[str, dict[str, Any]] = {}
+    for switch, knobs in _KNOBS.items():
+        on = getattr(args, switch.removeprefix("--").replace("-", "_"))
+        given = {}
+        for dest, default in knobs:
+            value = getattr(args, dest)
+            if value is not None and not on:
+                raise _KnobWithoutSwitchError(
+                    "--" + dest.replace("_", "-"), value, switch
+                )
+            given[dest] = default if value is None else value
+        if on:
+            values[switch] = given
+    breaker = None
+    if "--breaker" in values:
+        v = values["--breaker"]
+        breaker = _simulate.make_breaker(
+            failure_rate=v["breaker_failure_rate"],
+            minimum_calls=v["breaker_minimum_calls"],
+            window=v["breaker_window"],
+            open_interval=v["breaker_open_interval"],
+            half_open_probes=v["breaker_probes"],
+        )
+    budget = None
+    if "--retry-budget" in values:
+        v = values["--retry-budget"]
+        budget = RetryBudgetConfig(
+            ratio=v["retry_budget_ratio"],
+            min_per_second=v["retry_budget_min"],
+            window=v["retry_budget_window"],
+        )
+    return breaker, budget
+
+
 def parser() -> argparse.ArgumentParser:
     """The ``python -m resilient`` argument parser."""
     p = argparse.ArgumentParser(
@@ -203,7 +391,10 @@ def config_from_args(
 
     Raises:
         ConfigError: A refused value, named after its field.
+        ValueError: An option of the breaker or the retry budget without
+            ``--breaker`` or ``--retry-budget``.
     """
+    breaker, retry_budget = _guards(args)
     return _simulate.SimulationConfig(
         clients=args.clients,
         outage=args.outage,
@@ -217,7 +408,11 @@ def config_from_args(
             cap=args.cap,
             attempts=args.attempts,
             budget=args.budget,
+            breaker=breaker,
+            retry_budget=retry_budget,
         ),
+        rate=args.rate,
+        rate_until=args.rate_until,
         duration=args.duration,
         bucket=args.bucket,
         seed=args.seed,
@@ -247,6 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = config_from_args(args)
     except ConfigError as exc:
         args.command_parser.error(f"argument {_option(exc.field)}: {exc}")
+    except _KnobWithoutSwitchError as exc:
+        args.command_parser.error(f"argument {exc.option}: {exc}")
     if args.plot is not None:
         try:
             _simulate.require_plotting()

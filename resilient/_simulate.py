@@ -12,12 +12,21 @@ never sleeps) against a simulated dependency:
   so retries that arrive together keep failing.
 
 Every client makes one call; its first attempt starts at a random time in
-``[0, spread)``. `SimulationResult` holds the load per time bucket, the
-outcome of every call and a `Summary` of the figures a user tuning a policy
-wants. `render_text` is what ``python -m resilient simulate`` prints.
+``[0, spread)``. Steady traffic can come on top: ``rate`` new calls per
+second (a Poisson process) until ``rate_until``.
 
-The names here are documented but private: the CLI, the tests and the
-notebooks use them.
+The policy may name a circuit breaker and a retry budget, shared by the
+whole fleet as they would be by every caller in a process: the breaker's
+pure `_BreakerMachine` is driven with the simulated time, and the real
+`RetryBudget` is handed to every client's `RetryMachine`, which asks it
+before each retry and outwaits an open breaker, exactly as in the library.
+
+`SimulationResult` holds the load per time bucket, the outcome of every
+call, the breaker's transitions and a `Summary` of the figures a user
+tuning a policy wants. `render_text` is what ``python -m resilient
+simulate`` prints.
+
+The public names are re-exported by `resilient.simulation`.
 """
 
 from __future__ import annotations
@@ -31,6 +40,16 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 import attrs
 
+from resilient._breaker import (
+    _VERDICTS,
+    SUCCESS,
+    BreakerPermit,
+    BreakerState,
+    BreakerTransition,
+    Reject,
+    _BreakerMachine,
+)
+from resilient._core import _clock
 from resilient._core._backoff import (
     Constant,
     DecorrelatedJitter,
@@ -38,6 +57,7 @@ from resilient._core._backoff import (
     Exponential,
     FullJitter,
 )
+from resilient._core._config_breaker import BreakerPolicy, TimeWindow
 from resilient._core._decisions import GiveUp
 from resilient._core._policy import Policy
 from resilient._core._validate import (
@@ -49,12 +69,14 @@ from resilient._core._validate import (
     to_seconds,
 )
 from resilient._retry import RetryMachine
-from resilient.exceptions import ConfigError, ConfigTypeError
+from resilient._retry_budget import RetryBudget
+from resilient.exceptions import CircuitOpen, ConfigError, ConfigTypeError
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from resilient._core._config_retry_budget import RetryBudgetConfig
     from resilient.typing import Backoff
 
 
@@ -122,6 +144,66 @@ def strategy_of(backoff: Backoff) -> str | None:
     return None
 
 
+# The simulated breaker differs from `BreakerPolicy()` in its timings: the
+# library's 60 s window and 30 s open interval are made for outages of
+# minutes; against a 5 s outage and 30 s call budgets, a breaker open for
+# 30 s would outlast every call. The thresholds are the library's.
+BREAKER_FAILURE_RATE: Final = 0.5
+BREAKER_MINIMUM_CALLS: Final = 5
+BREAKER_WINDOW: Final = 10.0
+BREAKER_OPEN_INTERVAL: Final = 1.0
+BREAKER_PROBES: Final = 3
+
+
+def make_breaker(
+    *,
+    failure_rate: float = BREAKER_FAILURE_RATE,
+    minimum_calls: int = BREAKER_MINIMUM_CALLS,
+    window: float = BREAKER_WINDOW,
+    open_interval: float = BREAKER_OPEN_INTERVAL,
+    half_open_probes: int = BREAKER_PROBES,
+) -> BreakerPolicy:
+    """
+    The circuit breaker the CLI's ``--breaker`` options describe.
+
+    A `BreakerPolicy` over a `TimeWindow` of *window* seconds; the fields
+    not named here keep the library's defaults.
+
+    Args:
+        failure_rate: Open when at least this fraction of the window's
+            calls failed, in (0, 1].
+        minimum_calls: Never open on fewer calls in the window.
+        window: Seconds of calls the failure rate is taken over.
+        open_interval: Seconds an opened breaker rejects calls before it
+            admits probes.
+        half_open_probes: Probes admitted while half-open; this many
+            successes close it.
+
+    Raises:
+        ConfigError: A bad value, named after the field that refused it
+            (``BreakerPolicy.open_interval``, ``TimeWindow.seconds``...).
+    """
+    return BreakerPolicy(
+        window=TimeWindow(window),
+        failure_rate=failure_rate,
+        minimum_calls=minimum_calls,
+        open_interval=open_interval,
+        half_open_probes=half_open_probes,
+    )
+
+
+def _cli_breaker(breaker: BreakerPolicy) -> bool:
+    """Whether the CLI's options can express *breaker*."""
+    window = breaker.window
+    return isinstance(window, TimeWindow) and breaker == make_breaker(
+        failure_rate=breaker.failure_rate,
+        minimum_calls=breaker.minimum_calls,
+        window=window.seconds,
+        open_interval=breaker.open_interval,
+        half_open_probes=breaker.half_open_probes,
+    )
+
+
 def make_policy(
     strategy: str = "full",
     *,
@@ -129,12 +211,24 @@ def make_policy(
     cap: float = 5.0,
     attempts: int | None = DEFAULT_ATTEMPTS,
     budget: float | None = DEFAULT_BUDGET,
+    breaker: BreakerPolicy | None = None,
+    retry_budget: RetryBudgetConfig | None = None,
 ) -> Policy:
     """
     The policy the simulated clients follow, from the CLI's options.
 
     It retries `ConnectionError` (what the simulated dependency raises) and
     reads no server hints, since the dependency sends none.
+
+    Args:
+        strategy: The backoff, by name (see `backoff_for`).
+        base: Seconds; the backoff's first window.
+        cap: Seconds; its largest window.
+        attempts: Attempts per call, the first included; None for no limit.
+        budget: Seconds per call, waits included; None for no limit.
+        breaker: The circuit breaker the fleet shares (`make_breaker`), or
+            None for none.
+        retry_budget: The retry budget the fleet shares, or None for none.
 
     Raises:
         ConfigError: A bad value, named after the field that refused it.
@@ -145,6 +239,8 @@ def make_policy(
         backoff=backoff_for(strategy, base=base, cap=cap),
         budget=budget,
         retry_after=None,
+        breaker=breaker,
+        retry_budget=retry_budget,
     )
 
 
@@ -204,7 +300,14 @@ class SimulationConfig:
         service_time: Seconds a successful request takes; failures are
             instant.
         spread: Seconds over which the clients start their calls.
-        policy: The retry policy every client follows (`make_policy`).
+        rate: New calls per second on top of the clients' burst, arriving
+            at random (a Poisson process) from 0 until *rate_until*; 0 for
+            none. A retry budget is a share of the traffic, so it needs
+            traffic to share.
+        rate_until: Seconds; when the steady arrivals stop.
+        policy: The retry policy every client follows (`make_policy`),
+            with the circuit breaker and the retry budget the fleet
+            shares, if any.
         duration: Seconds to run; None runs until every call has ended.
             Calls still going at the end count as unfinished.
         bucket: Seconds per bucket of the load chart.
@@ -226,6 +329,12 @@ class SimulationConfig:
     )
     spread: float = attrs.field(
         default=0.1, converter=to_seconds, validator=non_negative
+    )
+    rate: float = attrs.field(
+        default=0.0, converter=to_seconds, validator=non_negative
+    )
+    rate_until: float = attrs.field(
+        default=20.0, converter=to_seconds, validator=positive
     )
     policy: Policy = attrs.field(factory=make_policy, validator=_policy)
     duration: float | None = attrs.field(
@@ -262,14 +371,19 @@ class SimulationConfig:
         strategy = strategy_of(p.backoff)
         # The name changes nothing in a simulation; every other field must
         # be one the options set.
-        if strategy is None or attrs.evolve(
-            p, name="simulated"
-        ) != make_policy(
-            strategy,
-            base=_base_of(p.backoff),
-            cap=getattr(p.backoff, "cap", 5.0),
-            attempts=p.attempts,
-            budget=p.budget,
+        if (
+            strategy is None
+            or (p.breaker is not None and not _cli_breaker(p.breaker))
+            or attrs.evolve(p, name="simulated")
+            != make_policy(
+                strategy,
+                base=_base_of(p.backoff),
+                cap=getattr(p.backoff, "cap", 5.0),
+                attempts=p.attempts,
+                budget=p.budget,
+                breaker=p.breaker,
+                retry_budget=p.retry_budget,
+            )
         ):
             raise ValueError(
                 f"the CLI cannot express the policy {p!r}; "
@@ -296,6 +410,29 @@ class SimulationConfig:
             args.append(f"--burst={self.burst!r}")
         if self.duration is not None:
             args.append(f"--duration={self.duration!r}")
+        if self.rate:
+            args += [
+                f"--rate={self.rate!r}",
+                f"--rate-until={self.rate_until!r}",
+            ]
+        b = p.breaker
+        if b is not None:
+            args += [
+                "--breaker",
+                f"--breaker-failure-rate={b.failure_rate!r}",
+                f"--breaker-minimum-calls={b.minimum_calls}",
+                f"--breaker-window={b.window.seconds!r}",  # type: ignore[union-attr]
+                f"--breaker-open-interval={b.open_interval!r}",
+                f"--breaker-probes={b.half_open_probes}",
+            ]
+        r = p.retry_budget
+        if r is not None:
+            args += [
+                "--retry-budget",
+                f"--retry-budget-ratio={r.ratio!r}",
+                f"--retry-budget-min={r.min_per_second!r}",
+                f"--retry-budget-window={r.window!r}",
+            ]
         return args
 
 
@@ -352,13 +489,16 @@ class Summary:
         give_ups: ``(reason, count)`` pairs, most frequent first; a call
             still going when the run stopped counts as ``"unfinished"``.
         attempts: Requests that reached the dependency.
-        refused: Attempts refused before they were sent (by a breaker or a
-            retry budget); 0 until those are simulated.
+        refused: Attempts the circuit breaker rejected: they were never
+            sent. (A retry the retry budget refuses is not an attempt: the
+            call gives up for ``retry_budget``.)
         amplification: *attempts* / *calls*: how much work the retries
             multiplied the traffic by.
         peak: The most requests in one bucket, and when that bucket starts.
         peak_after_outage: The same, over the buckets that start once the
             outage is over (None if there are none).
+        during_outage: Requests that reached the dependency during the
+            outage.
         latency: p50, p90, p99 and max of the successful calls' latency,
             in seconds (None if none succeeded).
         last_attempt: When the last request reached the dependency.
@@ -367,6 +507,12 @@ class Summary:
         recovery: Seconds from the end of the outage to the last request
             refused for overload (0.0 if none was): after it, the
             dependency served everything it was sent.
+        breaker_opened: How often the breaker opened (None without one).
+        breaker_closed: When the breaker closed for the last time, if it
+            had opened and ended the run closed; else None.
+        budget_retries: Retries the retry budget allowed (None without
+            one).
+        budget_refused: Retries it refused (None without one).
     """
 
     calls: int
@@ -378,10 +524,15 @@ class Summary:
     amplification: float
     peak: tuple[int, float]
     peak_after_outage: tuple[int, float] | None
+    during_outage: int
     latency: tuple[float, float, float, float] | None
     last_attempt: float
     drain: float
     recovery: float
+    breaker_opened: int | None = None
+    breaker_closed: float | None = None
+    budget_retries: int | None = None
+    budget_refused: int | None = None
 
 
 @final
@@ -400,6 +551,8 @@ class SimulationResult:
             None if none was.
         end: When the run stopped, in seconds.
         summary: The figures the CLI prints.
+        transitions: The circuit breaker's state changes, in order (its
+            ``at`` is the simulated time); empty without a breaker.
     """
 
     config: SimulationConfig
@@ -409,6 +562,7 @@ class SimulationResult:
     overload_end: float | None
     end: float
     summary: Summary
+    transitions: tuple[BreakerTransition, ...] = ()
 
     @property
     def times(self) -> tuple[float, ...]:
@@ -421,6 +575,52 @@ class SimulationResult:
         return tuple(
             n - s for n, s in zip(self.load, self.served, strict=True)
         )
+
+    @property
+    def breaker_states(self) -> str | None:
+        """
+        The breaker's state per bucket of the load chart, one letter each;
+        None without a breaker.
+
+        ``H`` if the breaker was half-open at any moment of the bucket
+        (it let probes through), else ``O`` if it was open at any moment,
+        else ``C`` (closed throughout).
+        """
+        if self.config.policy.breaker is None:
+            return None
+        width = self.config.bucket
+        letters: list[str] = []
+        state = "C"
+        pending = list(self.transitions)
+        pending.reverse()
+        for i in range(len(self.load)):
+            seen = {state}
+            end = (i + 1) * width
+            while pending and pending[-1].at < end:
+                state = _LETTER[pending.pop().new]
+                seen.add(state)
+            letters.append("H" if "H" in seen else "O" if "O" in seen else "C")
+        return "".join(letters)
+
+    def breaker_timeline(self) -> list[tuple[float, BreakerState]]:
+        """
+        The breaker's state from the start to the end of the run, as
+        ``(time, state)`` steps; empty without a breaker.
+        """
+        if self.config.policy.breaker is None:
+            return []
+        steps = [(0.0, BreakerState.CLOSED)]
+        steps += [(t.at, t.new) for t in self.transitions]
+        steps.append((max(self.end, steps[-1][0]), steps[-1][1]))
+        return steps
+
+
+_LETTER: Final = {
+    BreakerState.CLOSED: "C",
+    BreakerState.OPEN: "O",
+    BreakerState.HALF_OPEN: "H",
+    BreakerState.FORCED_OPEN: "O",
+}
 
 
 class _DownError(ConnectionError):
@@ -493,40 +693,91 @@ class _Dependency:
 class _Guard(Protocol):
     """
     What a client asks before each attempt and tells after it: the seam for
-    a circuit breaker and a retry budget shared by the whole fleet.
+    the circuit breaker and the retry budget the whole fleet shares.
     """
 
-    def admit(self, now: float, attempt: int) -> Exception | None:
-        """None to send attempt number *attempt*; else the exception the
-        client sees instead (the request is not sent)."""
+    def begin(self, now: float) -> None:
+        """A call starts: its first attempt is about to be made."""
+
+    def admit(self, now: float, client: _Client) -> Exception | None:
+        """None to send *client*'s attempt; else the exception the client
+        sees instead (the request is not sent)."""
 
     def record(
-        self, now: float, attempt: int, error: Exception | None
+        self, now: float, client: _Client, error: Exception | None
     ) -> None:
-        """The dependency answered attempt *attempt*: *error*, or None."""
+        """The dependency answered *client*'s attempt: *error*, or None."""
 
 
 @final
-class _Unguarded:
-    """No breaker, no retry budget: every attempt is sent."""
+class _FleetGuard:
+    """
+    The breaker and the retry budget of the policy, shared by every client
+    as they are shared by every caller in a process. Either may be absent.
 
-    __slots__ = ()
+    The breaker is the library's pure `_BreakerMachine`, given the
+    simulated time; a rejection is the `CircuitOpen` the breaker's shell
+    raises. The retry budget is the library's `RetryBudget`: it reads the
+    process's clock, which `simulate` points at the simulation's, and the
+    clients' `RetryMachine`s ask it before every retry.
+    """
 
-    def admit(self, now: float, attempt: int) -> Exception | None:
+    __slots__ = ("breaker", "budget", "transitions")
+
+    def __init__(self, policy: Policy) -> None:
+        self.breaker = (
+            None
+            if policy.breaker is None
+            else _BreakerMachine(policy.breaker, policy.name)
+        )
+        self.budget = (
+            None
+            if policy.retry_budget is None
+            else RetryBudget(policy.name, policy.retry_budget)
+        )
+        self.transitions: list[BreakerTransition] = []
+
+    def begin(self, now: float) -> None:
+        if self.budget is not None:
+            self.budget.record_call()
+
+    def admit(self, now: float, client: _Client) -> Exception | None:
+        machine = self.breaker
+        if machine is None:
+            return None
+        decision = machine.admit(now)
+        self._drain(machine)
+        if isinstance(decision, Reject):
+            return CircuitOpen(
+                machine.name, decision.retry_after, decision.state.value
+            )
+        client.permit = decision
         return None
 
     def record(
-        self, now: float, attempt: int, error: Exception | None
+        self, now: float, client: _Client, error: Exception | None
     ) -> None:
-        return None
+        machine, permit = self.breaker, client.permit
+        if machine is None or permit is None:
+            return
+        client.permit = None
+        outcome = (
+            SUCCESS
+            if error is None
+            else _VERDICTS[machine.config.verdict(error)]
+        )
+        machine.record(permit, outcome, now - permit.start, now)
+        self._drain(machine)
+
+    def _drain(self, machine: _BreakerMachine) -> None:
+        if machine.outbox:
+            self.transitions += machine.outbox
+            machine.outbox = []
 
 
-def _guard(config: SimulationConfig) -> _Guard:  # noqa: ARG001
-    """
-    The guard the whole fleet shares for *config*: none yet. A breaker and
-    a retry budget (issue 3) plug in here.
-    """
-    return _Unguarded()
+def _guard(config: SimulationConfig) -> _Guard:
+    """The guard the whole fleet shares for *config*."""
+    return _FleetGuard(config.policy)
 
 
 _ATTEMPT: Final = 0
@@ -538,13 +789,15 @@ _MAX_ATTEMPTS_PER_CLIENT: Final = 100_000
 class _Client:
     """One client's call: when it started, its machine, how it ended."""
 
-    __slots__ = ("machine", "number", "outcome", "start")
+    __slots__ = ("machine", "number", "outcome", "permit", "start")
 
     def __init__(self, number: int, start: float, machine: RetryMachine):
         self.number = number
         self.start = start
         self.machine = machine
         self.outcome: CallOutcome | None = None
+        self.permit: BreakerPermit | None = None
+        """The breaker's permit for the attempt in flight, if any."""
 
     def end(self, now: float | None, reason: str | None) -> None:
         self.outcome = CallOutcome(
@@ -561,9 +814,9 @@ class _Client:
 class _Run:
     """The event loop of one simulation and what it counts."""
 
-    def __init__(self, config: SimulationConfig) -> None:
+    def __init__(self, config: SimulationConfig, clock: _VirtualClock):
         self.config = config
-        self.clock = _VirtualClock()
+        self.clock = clock
         self.dependency = _Dependency(config)
         self.guard = _guard(config)
         self.queue: list[tuple[float, int, int, _Client]] = []
@@ -572,14 +825,27 @@ class _Run:
         self.served: list[int] = []
         self.last = 0.0
         self.refused = 0
-        self.left = _MAX_ATTEMPTS_PER_CLIENT * config.clients
-        # Separate streams, so that changing the policy keeps start times.
+        self.during_outage = 0
+        # Separate streams, so that changing the policy keeps start times
+        # and adding steady traffic keeps the burst's.
         starts = random.Random(f"{config.seed}:starts")
         jitter = random.Random(f"{config.seed}:jitter")
+        times = [
+            starts.uniform(0.0, config.spread) for _ in range(config.clients)
+        ]
+        if config.rate > 0:
+            arrivals = random.Random(f"{config.seed}:arrivals")
+            at = arrivals.expovariate(config.rate)
+            while at < config.rate_until:
+                times.append(at)
+                at += arrivals.expovariate(config.rate)
+        budget = getattr(self.guard, "budget", None)
+        self.left = _MAX_ATTEMPTS_PER_CLIENT * len(times)
         self.clients: list[_Client] = []
-        for number in range(config.clients):
-            at = starts.uniform(0.0, config.spread)
-            machine = RetryMachine(config.policy, self.clock, jitter, at)
+        for number, at in enumerate(times):
+            machine = RetryMachine(
+                config.policy, clock, jitter, at, retry_budget=budget
+            )
             client = _Client(number, at, machine)
             self.clients.append(client)
             self.push(at, _ATTEMPT, client)
@@ -598,7 +864,7 @@ class _Run:
             if kind == _ATTEMPT:
                 self.attempt(now, client)
             else:
-                self.guard.record(now, client.machine.attempt, None)
+                self.guard.record(now, client, None)
                 client.end(now, None)
 
     def attempt(self, now: float, client: _Client) -> None:
@@ -610,13 +876,15 @@ class _Run:
                 "a backoff that waits, or fewer attempts"
             )
         machine = client.machine
-        error = self.guard.admit(now, machine.attempt)
+        if machine.attempt == 1:
+            self.guard.begin(now)
+        error = self.guard.admit(now, client)
         if error is None:
             error = self.send(now)
             if error is None:
                 self.push(now + self.config.service_time, _SERVED, client)
                 return
-            self.guard.record(now, machine.attempt, error)
+            self.guard.record(now, client, error)
         else:
             self.refused += 1
         step = machine.on_error(error)
@@ -634,6 +902,8 @@ class _Run:
             self.served += grow
         self.load[index] += 1
         self.last = now
+        if now < self.config.outage:
+            self.during_outage += 1
         error = self.dependency.serve(now)
         if error is None:
             self.served[index] += 1
@@ -653,6 +923,35 @@ class _Run:
                 client.end(None, "unfinished")
         calls = tuple(c.outcome for c in self.clients if c.outcome)
         overload_end = self.dependency.overload_end
+        guard = self.guard
+        transitions = tuple(getattr(guard, "transitions", ()))
+        machine = getattr(guard, "breaker", None)
+        budget = getattr(guard, "budget", None)
+        figures = _summarize(
+            config,
+            load,
+            calls,
+            self.last,
+            overload_end,
+            refused=self.refused,
+            during_outage=self.during_outage,
+        )
+        if machine is not None:
+            closed = [t.at for t in transitions if t.new is _CLOSED]
+            figures = attrs.evolve(
+                figures,
+                breaker_opened=machine.times_opened,
+                breaker_closed=(
+                    closed[-1] if closed and machine.state is _CLOSED else None
+                ),
+            )
+        if budget is not None:
+            stats = budget.statistics()
+            figures = attrs.evolve(
+                figures,
+                budget_retries=stats.total_retries,
+                budget_refused=stats.refused,
+            )
         return SimulationResult(
             config=config,
             load=tuple(load),
@@ -660,15 +959,12 @@ class _Run:
             calls=calls,
             overload_end=overload_end,
             end=end,
-            summary=_summarize(
-                config,
-                load,
-                calls,
-                self.last,
-                overload_end,
-                refused=self.refused,
-            ),
+            summary=figures,
+            transitions=transitions,
         )
+
+
+_CLOSED: Final = BreakerState.CLOSED
 
 
 def simulate(config: SimulationConfig | None = None) -> SimulationResult:
@@ -679,6 +975,11 @@ def simulate(config: SimulationConfig | None = None) -> SimulationResult:
     `resilient.testing.set_testing` applies here as everywhere: while it is
     on, the clients do not wait between attempts.
 
+    While it runs, the process's clock (`resilient.testing.use_clock`) is
+    the simulation's, so that the retry budget's window moves in simulated
+    time; the previous clock is put back when it returns or raises. Do not
+    run it while other threads of the process use resilient for real.
+
     Args:
         config: What to simulate; None for the defaults.
 
@@ -686,9 +987,14 @@ def simulate(config: SimulationConfig | None = None) -> SimulationResult:
         RuntimeError: The clients made more than 100,000 attempts each on
             average (a policy that retries without waiting or end).
     """
-    run = _Run(config if config is not None else SimulationConfig())
-    run.run()
-    return run.result()
+    clock = _VirtualClock()
+    previous = _clock.set_clock(clock)
+    try:
+        run = _Run(config if config is not None else SimulationConfig(), clock)
+        run.run()
+        return run.result()
+    finally:
+        _clock.set_clock(previous)
 
 
 def percentile(ordered: Sequence[float], p: float) -> float:
@@ -708,6 +1014,7 @@ def _summarize(
     overload_end: float | None,
     *,
     refused: int,
+    during_outage: int,
 ) -> Summary:
     width = config.bucket
     ok = sorted(c.end - c.start for c in calls if c.ok and c.end is not None)
@@ -735,6 +1042,7 @@ def _summarize(
             if peak_after is None
             else (load[peak_after], peak_after * width)
         ),
+        during_outage=during_outage,
         latency=(
             None
             if not ok
@@ -765,13 +1073,52 @@ def _describe_policy(policy: Policy) -> str:
     return f"{policy.backoff!r}, {attempts}, {budget}"
 
 
+def _describe_guards(policy: Policy) -> str:
+    """The breaker and the retry budget, in a few words; '' for neither."""
+    parts: list[str] = []
+    b = policy.breaker
+    if b is not None:
+        window = (
+            f"{b.window.seconds:g} s"
+            if isinstance(b.window, TimeWindow)
+            else f"{b.window.size} calls"
+        )
+        parts.append(
+            f"breaker (opens at {b.failure_rate:.0%} of >= "
+            f"{b.minimum_calls} calls in {window}, open "
+            f"{b.open_interval:g} s, {b.half_open_probes} probes)"
+        )
+    r = policy.retry_budget
+    if r is not None:
+        parts.append(
+            f"retry budget ({r.ratio:g} per call + {r.min_per_second:g}/s "
+            f"over {r.window:g} s)"
+        )
+    return ", ".join(parts)
+
+
+def short_label(config: SimulationConfig) -> str:
+    """A short name for *config*'s guards: plain, + breaker, + budget..."""
+    p = config.policy
+    parts = [strategy_of(p.backoff) or type(p.backoff).__name__]
+    if p.retry_budget is not None:
+        parts.append("retry budget")
+    if p.breaker is not None:
+        parts.append("breaker")
+    return " + ".join(parts)
+
+
 def render_header(result: SimulationResult) -> str:
     """One line saying what was simulated."""
     c = result.config
+    traffic = (
+        f" + {c.rate:g} calls/s until {c.rate_until:g} s" if c.rate else ""
+    )
+    guards = _describe_guards(c.policy)
     return (
-        f"{c.clients} clients, {c.outage:g} s outage, capacity "
+        f"{c.clients} clients{traffic}, {c.outage:g} s outage, capacity "
         f"{c.capacity:g}/s (burst {c.tokens:g}), {_describe_policy(c.policy)}"
-        f", seed {c.seed}"
+        f"{', ' + guards if guards else ''}, seed {c.seed}"
     )
 
 
@@ -797,8 +1144,18 @@ def render_summary(result: SimulationResult) -> str:
     rows.append(
         ("attempts", f"{s.attempts} (amplification {s.amplification:.2f}x)")
     )
-    if s.refused:
-        rows.append(("refused locally", f"{s.refused}"))
+    if c.policy.breaker is not None or s.refused:
+        rows.append(("breaker rejected", f"{s.refused} attempts (not sent)"))
+    if s.budget_retries is not None:
+        rows.append(
+            (
+                "retry budget",
+                (
+                    f"allowed {s.budget_retries} retries, "
+                    f"refused {s.budget_refused}"
+                ),
+            )
+        )
     n, at = s.peak
     rows.append(("peak load", f"{n} per {c.bucket:g} s at {at:g} s"))
     if s.peak_after_outage is not None:
@@ -812,6 +1169,15 @@ def render_summary(result: SimulationResult) -> str:
                 ),
             )
         )
+    rows.append(
+        (
+            "during outage",
+            (
+                f"{s.during_outage} requests "
+                f"({s.during_outage / c.outage if c.outage else 0:.1f}/s)"
+            ),
+        )
+    )
     if s.latency is None:
         rows.append(("latency (ok)", "none succeeded"))
     else:
@@ -839,7 +1205,41 @@ def render_summary(result: SimulationResult) -> str:
             else "never overloaded",
         )
     )
+    states = result.breaker_states
+    if states is not None:
+        rows += _breaker_rows(result, states)
     return "\n".join(f"{k:<18} {v}" for k, v in rows)
+
+
+def _breaker_rows(
+    result: SimulationResult, states: str
+) -> list[tuple[str, str]]:
+    s = result.summary
+    c = result.config
+    opened = s.breaker_opened or 0
+    if s.breaker_closed is not None:
+        closed = (
+            f"closed at {_s(s.breaker_closed)} "
+            f"({_s(s.breaker_closed - c.outage)} after the outage)"
+        )
+    elif opened:
+        closed = "still open at the end"
+    else:
+        closed = "never opened"
+    times = "time" if opened == 1 else "times"
+    rows = [("breaker", f"opened {opened} {times}, {closed}")]
+    # The states, ten buckets to a group and six groups to a line.
+    groups = [states[i : i + 10] for i in range(0, len(states), 10)]
+    lines = [" ".join(groups[i : i + 6]) for i in range(0, len(groups), 6)]
+    lines = lines or [""]
+    rows.append(
+        (
+            "breaker states",
+            f"per {c.bucket:g} s: C closed, O open, H half-open",
+        )
+    )
+    rows += [("", line) for line in lines]
+    return rows
 
 
 _UNICODE: Final = ("\u2588", "\u2591", "\u2502", "\u00bb")
@@ -883,6 +1283,9 @@ def render_chart(
         f"{per_bucket:g})"
     )
     lines = [title]
+    states = result.breaker_states
+    if states is not None:
+        lines[0] += "; breaker: C closed, O open, H half-open"
     for i, (n, ok) in enumerate(zip(result.load, result.served, strict=True)):
         t = i * c.bucket
         good = round(ok * scale)
@@ -899,8 +1302,9 @@ def render_chart(
         # passes it shows beyond it.
         cells.insert(cap_col, cap_char)
         note = "  outage" if t < c.outage else ""
+        state = "" if states is None else states[i] + " "
         lines.append(
-            f"{t:>{label}.{decimals}f} s {''.join(cells)} "
+            f"{t:>{label}.{decimals}f} s {state}{''.join(cells)} "
             f"{n:>{digits}}{note}".rstrip()
         )
     return "\n".join(lines)
@@ -981,16 +1385,61 @@ def plot_load(
     ax.set_ylabel(f"requests per {c.bucket:g} s")
 
 
+_LEVEL: Final = {
+    BreakerState.CLOSED: 0,
+    BreakerState.HALF_OPEN: 1,
+    BreakerState.OPEN: 2,
+    BreakerState.FORCED_OPEN: 2,
+}
+
+
+def plot_breaker(
+    result: SimulationResult, ax: Any, *, label: str | None = None
+) -> None:
+    """
+    Draw *result*'s circuit breaker state over time on the matplotlib axes
+    *ax*, as a step line over closed / half-open / open, with the outage
+    shaded. Draws nothing but the shading without a breaker.
+
+    A half-open spell whose probe failed at once lasts no time: it shows as
+    a spike from open to half-open and back.
+    """
+    c = result.config
+    ax.axvspan(0, c.outage, color="grey", alpha=0.2)
+    steps = result.breaker_timeline()
+    if steps:
+        ax.step(
+            [t for t, _ in steps],
+            [_LEVEL[state] for _, state in steps],
+            where="post",
+            color="tab:purple",
+            label=label,
+        )
+    ax.set_yticks([0, 1, 2], ["closed", "half-open", "open"])
+    ax.set_ylim(-0.3, 2.3)
+    ax.set_xlabel("time (s)")
+
+
 def save_plot(result: SimulationResult, path: str) -> None:
     """
-    Write *result*'s load chart to the PNG file *path*.
+    Write *result*'s load chart to the PNG file *path*, with the breaker's
+    state under it when there is a breaker.
 
     Raises:
         ImportError: matplotlib is missing (``pip install
             'resilient[plot]'``).
     """
     fig = _figure()
-    ax = fig.subplots()
-    plot_load(result, ax)
+    if result.config.policy.breaker is None:
+        ax = fig.subplots()
+        plot_load(result, ax)
+    else:
+        fig.set_size_inches(10, 5.5)
+        ax, state = fig.subplots(
+            2, 1, sharex=True, height_ratios=(3, 1), squeeze=True
+        )
+        plot_load(result, ax)
+        plot_breaker(result, state)
+        state.set_ylabel("breaker")
     ax.legend(loc="upper right")
     fig.savefig(path, dpi=100)

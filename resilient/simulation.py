@@ -1,0 +1,58 @@
+"""
+The retry simulator, for notebooks and scripts.
+
+``python -m resilient simulate`` is its command line. `simulate` runs the
+library's own backoff, `RetryMachine`, circuit breaker and retry budget for
+a fleet of clients in virtual time, against a dependency that is down for a
+while and then serves a limited number of requests per second::
+
+    from resilient.simulation import SimulationConfig, make_policy, simulate
+
+    result = simulate(SimulationConfig(policy=make_policy("full")))
+    print(render_text(result))
+
+It is not imported by ``import resilient``: import it by name.
+
+.. versionadded:: 26.11.0
+"""
+
+from __future__ import annotations
+
+from resilient._simulate import (
+    STRATEGIES,
+    CallOutcome,
+    SimulationConfig,
+    SimulationResult,
+    Summary,
+    backoff_for,
+    make_breaker,
+    make_policy,
+    plot_breaker,
+    plot_load,
+    render_chart,
+    render_summary,
+    render_text,
+    save_plot,
+    short_label,
+    simulate,
+)
+
+
+__all__ = [
+    "CallOutcome",
+    "STRATEGIES",
+    "SimulationConfig",
+    "SimulationResult",
+    "Summary",
+    "backoff_for",
+    "make_breaker",
+    "make_policy",
+    "plot_breaker",
+    "plot_load",
+    "render_chart",
+    "render_summary",
+    "render_text",
+    "save_plot",
+    "short_label",
+    "simulate",
+]
