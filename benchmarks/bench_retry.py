@@ -682,7 +682,10 @@ def main(argv: list[str] | None = None) -> int:
         print(h.format_table(f"{group} ({what})", [], rows))
         print()
     print("Configuration:")
+    measured = {c.name for c in all_cases}
     for note in NOTES:
+        if note.startswith(RES_OTEL) and RES_OTEL not in measured:
+            continue
         print(f"  - {note}")
     print()
     print("\n".join(targets(groups)))
