@@ -41,7 +41,6 @@ autodoc_member_order = "bysource"
 autodoc_typehints = "description"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = False
-autodoc_default_options = {"show-inheritance": False}
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
@@ -71,6 +70,9 @@ nitpick_ignore_regex = [
 nitpick_ignore = [
     # The keyword arguments of Policy.evolve(), typed: the fields of Policy.
     ("py:class", "resilient._core._policy.PolicyChanges"),
+    # The same for the evolve() of the bulkhead and retry-budget configs.
+    ("py:class", "resilient._core._config_bulkhead.BulkheadKnobs"),
+    ("py:class", "resilient._core._config_retry_budget.RetryBudgetKnobs"),
     # What RetryMachine decides; private until users drive machines.
     ("py:class", "resilient._core._decisions.Retry"),
     ("py:class", "resilient._core._decisions.GiveUp"),
