@@ -210,6 +210,84 @@ with resilient.testing.set_testing(True, attempts=1):
 resilient.testing.set_testing(True, attempts="1")  # type: ignore[arg-type]
 
 
+# Circuit breakers, bulkheads, timeouts and retry budgets.
+
+payments_breaker = resilient.breaker("payments")
+assert_type(payments_breaker, resilient.CircuitBreaker)
+assert_type(payments_breaker.state, resilient.BreakerState)
+assert_type(payments_breaker.retry_after(), float)
+assert_type(payments_breaker.statistics(), resilient.BreakerStatistics)
+resilient.breaker("payments", resilient.BreakerPolicy())
+resilient.breaker("payments", resilient.Policy())  # type: ignore[arg-type]
+
+
+@payments_breaker
+def pay(amount: int) -> str:
+    return str(amount)
+
+
+@payments_breaker
+async def apay(amount: int) -> str:
+    return str(amount)
+
+
+assert_type(pay(3), str)
+pending_pay = assert_type(apay(3), Coroutine[Any, Any, str])
+pay("3")  # type: ignore[arg-type]
+
+with payments_breaker as breaker_permit:
+    assert_type(breaker_permit, resilient.BreakerPermit)
+
+db = resilient.bulkhead("db", max_concurrent=10, max_wait=0.5)
+assert_type(db, resilient.Bulkhead)
+assert_type(db.statistics(), resilient.BulkheadStatistics)
+assert_type(db.acquire_nowait(), resilient.BulkheadPermit)
+resilient.bulkhead("db", max_concurrent="10")  # type: ignore[arg-type]
+resilient.bulkhead("db", size=10)  # type: ignore[call-arg]
+
+
+@db
+def read(key: str) -> bytes:
+    return key.encode()
+
+
+assert_type(read("k"), bytes)
+
+with db as bulkhead_permit:
+    assert_type(bulkhead_permit, resilient.BulkheadPermit)
+
+
+async def scoped() -> None:
+    async with resilient.timeout(1.0) as ascope:
+        assert_type(ascope, resilient.TimeoutScope)
+    async with db as abulkhead_permit:
+        assert_type(abulkhead_permit, resilient.BulkheadPermit)
+    async with payments_breaker as abreaker_permit:
+        assert_type(abreaker_permit, resilient.BreakerPermit)
+
+
+with resilient.timeout(dt.timedelta(seconds=2)) as tscope:
+    assert_type(tscope, resilient.TimeoutScope)
+    assert_type(tscope.remaining(), float)
+assert_type(resilient.timeout_at(None), resilient.TimeoutScope)
+resilient.timeout("2")  # type: ignore[arg-type]
+
+budget = resilient.get_retry_budget("payments")
+assert_type(budget, resilient.RetryBudget)
+assert_type(budget.try_acquire_retry(), bool)
+assert_type(budget.statistics(), resilient.RetryBudgetStatistics)
+
+assert_type(
+    policy.evolve(
+        breaker=resilient.BreakerPolicy(),
+        bulkhead=resilient.BulkheadConfig(max_concurrent=5),
+        retry_budget=resilient.RetryBudgetConfig(),
+    ),
+    resilient.Policy,
+)
+policy.evolve(breaker=resilient.BulkheadConfig())  # type: ignore[arg-type]
+
+
 # Exceptions.
 
 try:
