@@ -933,11 +933,6 @@ def test_an_ignored_foreign_alarm_stays_ignored() -> None:
         signal.signal(signal.SIGALRM, previous)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resilient.checkpoint() (_core/_clock.py, not ours) does not "
-    "yet ask the current scope; see docs/timeouts.md",
-)
 def test_cancel_makes_checkpoint_raise(clock: FakeClock) -> None:
     """After cancel(), the next `resilient.checkpoint()` stops the block."""
     reached: list[str] = []

@@ -226,6 +226,10 @@ def checkpoint() -> None:
     Long-running sync code calls this between steps so that a deadline set
     further up the stack stops it.
 
+    Inside a `resilient.timeout` scope it also raises when the scope was
+    cancelled (from any thread) or its deadline passed, the way the scope
+    itself raises.
+
     Raises:
         DeadlineExceeded: The deadline has passed.
 
@@ -234,6 +238,9 @@ def checkpoint() -> None:
     at = _DEADLINE.get()
     if at != math.inf and _clock.now() >= at:
         raise DeadlineExceeded(at)
+    scope = _SCOPE.get()
+    if scope is not None:
+        scope.check()
 
 
 def _to_seconds(value: object) -> object:
