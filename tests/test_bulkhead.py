@@ -27,6 +27,14 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+)
 
 import resilient
 from resilient._bulkhead import (
@@ -1037,3 +1045,109 @@ class TestTelemetry:
         bh = bulkhead("db", max_concurrent=1, max_wait=0)
         with bh, pytest.raises(BulkheadFull):
             bh.acquire()
+
+
+# --------------------------------------------------------------------------
+# The machine against a model, on random sequences of operations
+
+
+class MachineModel(RuleBasedStateMachine):
+    """
+    Random acquisitions, queueing, releases, cancellations, grants and
+    expiries against a model of the slots: the machine never admits more
+    than N, grants in queue order, loses no slot, and its counts add up.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 2
+        self.m = BulkheadMachine(
+            "model", BulkheadConfig(max_concurrent=self.n, max_waiting=3)
+        )
+        self.now = 0.0
+        self.held: list[BulkheadPermit] = []
+        self.queue: list[Any] = []  # waiters in the order they queued
+        self.granted: list[Any] = []  # granted, not yet settled
+        self.woken: list[Any] = []
+
+    def _in_use(self) -> int:
+        return len(self.held) + len(self.granted)
+
+    @rule()
+    def try_acquire(self) -> None:
+        free = self._in_use() < self.n and not self.queue
+        assert self.m.try_acquire() is free
+        if free:
+            self.held.append(BulkheadPermit(self.m))
+
+    @rule(seconds=st.sampled_from([0.0, 1.0, 5.0]))
+    def enqueue(self, seconds: float) -> None:
+        box: list[Any] = []
+        out = self.m.enqueue(
+            self.now, seconds, "timeout", lambda: self.woken.append(box[0])
+        )
+        if self._in_use() < self.n and not self.queue:
+            assert out is None
+            self.held.append(BulkheadPermit(self.m))
+        elif seconds <= 0:
+            assert out == "full"
+        elif len(self.queue) >= 3:
+            assert out == "queue_full"
+        else:
+            assert not isinstance(out, str | None)
+            box.append(out)
+            self.queue.append(out)
+
+    def _hand_on(self) -> None:
+        if self.queue:
+            first = self.queue.pop(0)
+            assert self.woken[-1] is first
+            self.granted.append(first)
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        permit = data.draw(st.sampled_from(self.held))
+        self.held.remove(permit)
+        permit.release()
+        self._hand_on()
+
+    @precondition(lambda self: self.queue or self.granted)
+    @rule(data=st.data())
+    def abandon(self, data: st.DataObject) -> None:
+        waiter = data.draw(st.sampled_from(self.queue + self.granted))
+        self.m.abandon(waiter)
+        if waiter in self.granted:
+            self.granted.remove(waiter)
+            self._hand_on()
+        else:
+            self.queue.remove(waiter)
+
+    @precondition(lambda self: self.queue or self.granted)
+    @rule(data=st.data(), advance=st.sampled_from([0.0, 0.5, 2.0]))
+    def settle(self, data: st.DataObject, advance: float) -> None:
+        self.now += advance
+        waiter = data.draw(st.sampled_from(self.queue + self.granted))
+        out = self.m.settle(waiter, self.now)
+        if waiter in self.granted:
+            assert out is True
+            self.granted.remove(waiter)
+            self.held.append(BulkheadPermit(self.m))
+        elif self.now >= waiter.deadline:
+            assert out == "timeout"
+            self.queue.remove(waiter)
+        else:
+            assert out is False
+
+    @invariant()
+    def counts_add_up(self) -> None:
+        s = self.m.statistics()
+        assert s.in_use == self._in_use() <= self.n
+        assert s.waiting == len(self.queue)
+        invariants(s)
+
+
+MachineModel.TestCase.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None
+)
+TestMachineModel = MachineModel.TestCase
