@@ -681,14 +681,11 @@ class CircuitBreaker:
                 says when a probe will be admitted.
         """
         m = self._m
-        epoch = m.epoch  # Read before the state: see _closed_permit.
+        epoch = m.epoch  # Read before the state (see above).
         if m.state is _CLOSED:
             start = _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
             return BreakerPermit(self, epoch, start, 0)
-        now = _clock.get_clock().now()
-        with self._lock:
-            got = m.admit(now)
-            events = self._drain() if m.outbox else None
+        got, events = self._admit()
         if events:
             self._notify(events)
         if type(got) is Reject:
@@ -697,49 +694,61 @@ class CircuitBreaker:
 
     async def aacquire(self) -> BreakerPermit:
         """`acquire` from async code: async listeners are awaited."""
-        m = self._m
-        epoch = m.epoch
-        if m.state is _CLOSED:
-            start = _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
-            return BreakerPermit(self, epoch, start, 0)
-        now = _clock.get_clock().now()
-        with self._lock:
-            got = m.admit(now)
-            events = self._drain() if m.outbox else None
+        permit = self._closed_permit()
+        if permit is not None:
+            return permit
+        got, events = self._admit()
         if events:
             await self._anotify(events)
         if type(got) is Reject:
             raise self._rejected(got)
         return got
 
-    def _settle(self, permit: BreakerPermit, outcome: int) -> None:
-        # The hot path of every call: acquire()/release() is half the cost
-        # of `with`, and the clock is read off the module (no call).
+    def _closed_permit(self) -> BreakerPermit | None:
+        """A permit, without the lock, if closed (see above); else None."""
+        m = self._m
+        epoch = m.epoch
+        if m.state is _CLOSED:
+            start = _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
+            return BreakerPermit(self, epoch, start, 0)
+        return None
+
+    def _admit(
+        self,
+    ) -> tuple[BreakerPermit | Reject, list[BreakerTransition] | None]:
+        """The machine's answer, and the state changes to report."""
+        now = _clock.get_clock().now()
+        with self._lock:
+            got = self._m.admit(now)
+            events = self._drain() if self._m.outbox else None
+        return got, events
+
+    def _record(
+        self, permit: BreakerPermit, outcome: int
+    ) -> list[BreakerTransition] | None:
+        """Settle *permit*; the state changes to report, if any."""
+        # The hot path of every call: acquire()/release() costs half of
+        # `with`, and the clock is read off the module (no call).
         now = _clock._clock.now()  # noqa: SLF001
         lock = self._lock
         lock.acquire()
         try:
             if permit._done:  # noqa: SLF001
-                return
+                return None
             permit._done = True  # noqa: SLF001
             m = self._m
             m.record(permit, outcome, now - permit.start, now)
-            if not m.outbox:
-                return
-            events = self._drain()
+            return self._drain() if m.outbox else None
         finally:
             lock.release()
-        self._notify(events)
+
+    def _settle(self, permit: BreakerPermit, outcome: int) -> None:
+        events = self._record(permit, outcome)
+        if events:
+            self._notify(events)
 
     async def _asettle(self, permit: BreakerPermit, outcome: int) -> None:
-        now = _clock.get_clock().now()
-        with self._lock:
-            if permit._done:  # noqa: SLF001
-                return
-            permit._done = True  # noqa: SLF001
-            m = self._m
-            m.record(permit, outcome, now - permit.start, now)
-            events = self._drain() if m.outbox else None
+        events = self._record(permit, outcome)
         if events:
             await self._anotify(events)
 
@@ -808,7 +817,9 @@ class CircuitBreaker:
         except BaseException as exc:
             self._settle(permit, self._outcome(exc))
             raise
-        self._settle(permit, SUCCESS)
+        events = self._record(permit, SUCCESS)
+        if events:
+            self._notify(events)
         return result
 
     async def _acall(
@@ -817,18 +828,16 @@ class CircuitBreaker:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        permit = await self.aacquire()
+        permit = self._closed_permit() or await self.aacquire()
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            await permit.afailure(exc)
+            await self._asettle(permit, self._outcome(exc))
             raise
-        await permit.asuccess()
+        events = self._record(permit, SUCCESS)
+        if events:
+            await self._anotify(events)
         return result
-
-    def _push(self, permit: BreakerPermit) -> BreakerPermit:
-        self._entered.set((permit, self._entered.get()))
-        return permit
 
     def _pop(self) -> BreakerPermit:
         top = self._entered.get()
@@ -840,7 +849,10 @@ class CircuitBreaker:
         return top[0]
 
     def __enter__(self) -> BreakerPermit:
-        return self._push(self.acquire())
+        permit = self.acquire()
+        entered = self._entered
+        entered.set((permit, entered.get()))
+        return permit
 
     def __exit__(
         self,
@@ -849,13 +861,17 @@ class CircuitBreaker:
         tb: TracebackType | None,
     ) -> None:
         permit = self._pop()
-        if exc is None:
-            permit.success()
-        else:
-            permit.failure(exc)
+        events = self._record(
+            permit, SUCCESS if exc is None else self._outcome(exc)
+        )
+        if events:
+            self._notify(events)
 
     async def __aenter__(self) -> BreakerPermit:
-        return self._push(await self.aacquire())
+        permit = self._closed_permit() or await self.aacquire()
+        entered = self._entered
+        entered.set((permit, entered.get()))
+        return permit
 
     async def __aexit__(
         self,
@@ -864,10 +880,11 @@ class CircuitBreaker:
         tb: TracebackType | None,
     ) -> None:
         permit = self._pop()
-        if exc is None:
-            await permit.asuccess()
-        else:
-            await permit.afailure(exc)
+        events = self._record(
+            permit, SUCCESS if exc is None else self._outcome(exc)
+        )
+        if events:
+            await self._anotify(events)
 
 
 def _check_name(name: object) -> None:
