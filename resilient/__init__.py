@@ -6,8 +6,7 @@ locks for Python backends, sync and async, configured by one policy object.
 from __future__ import annotations
 
 import contextlib
-
-from typing import Any
+import typing
 
 from resilient._breaker import (
     BreakerPermit,
@@ -150,7 +149,7 @@ def _fix_module_names() -> None:
 _fix_module_names()
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> typing.Any:
     if name == "__version__":
         import importlib.metadata  # noqa: PLC0415
 

@@ -131,5 +131,4 @@ def use_clock(clock: Clock) -> _Restore:
     return _Restore(undo)
 
 
-# Keep the import used: `random` is referenced in the docs of `seed`.
-_ = random
+FakeClock.__module__ = "resilient.testing"
