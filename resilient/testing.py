@@ -9,7 +9,6 @@ Helpers for the test suites of code that uses resilient.
 
 from __future__ import annotations
 
-import random
 from typing import TYPE_CHECKING, final
 
 from resilient._core import _clock, _state
