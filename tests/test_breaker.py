@@ -15,6 +15,7 @@ import logging
 import math
 import pathlib
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -1072,6 +1073,83 @@ class TestThreads:
         assert (len(admitted), len(rejected)) == (3, 5)
         for p in admitted:
             p.success()
+        assert cb.state is CLOSED
+
+    def test_counts_stay_consistent_under_threads(self, clock: Any) -> None:
+        """Threads hammering one breaker lose no update: the window's
+        totals always match its contents."""
+        cb = resilient.breaker(
+            "hammer",
+            BreakerPolicy(
+                window=CountWindow(50), minimum_calls=50, failure_rate=1.0
+            ),
+        )
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)
+
+        start = threading.Barrier(4)
+
+        def worker(seed: int) -> None:
+            start.wait()
+            for i in range(10_000):
+                permit = cb.acquire()
+                if (i + seed) % 3:
+                    permit.success()
+                else:
+                    permit.failure(ConnectionError())
+
+        try:
+            threads = [
+                threading.Thread(target=worker, args=(n,)) for n in range(4)
+            ]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            sys.setswitchinterval(old)
+        ring = cb._m.window._ring  # type: ignore[union-attr]
+        s = cb.statistics()
+        assert s.state is CLOSED
+        assert s.calls == 50
+        assert s.failures == sum(b & FAILURE for b in ring)
+
+
+class TestTasks:
+    @pytest.mark.anyio
+    async def test_probes_never_exceed_the_cap(self, clock: Any) -> None:
+        """Tasks racing into a half-open breaker: at most half_open_probes
+        run at once, the others are rejected; the probes' successes close
+        it."""
+        cb = resilient.breaker("tasks-race", small(half_open_probes=2))
+        for _ in range(2):
+            cb.acquire().failure(ConnectionError())
+        clock.advance(10.0)
+        release = anyio.Event()
+        running: list[int] = []
+        peak: list[int] = [0]
+        rejected: list[CircuitOpen] = []
+
+        @cb
+        async def probe() -> None:
+            running.append(1)
+            peak[0] = max(peak[0], len(running))
+            await release.wait()
+            running.pop()
+
+        async def caller() -> None:
+            try:
+                await probe()
+            except CircuitOpen as exc:
+                rejected.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(caller)
+            while len(running) + len(rejected) < 6:
+                await anyio.lowlevel.checkpoint()
+            release.set()
+        assert (peak[0], len(rejected)) == (2, 4)
         assert cb.state is CLOSED
 
 
