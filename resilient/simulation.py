@@ -38,7 +38,9 @@ from resilient._simulate import (
 )
 
 
-__all__ = [
+# Plain `sorted()` order, which tests/test_public_api.py checks; ruff's
+# isort-style order would put the constant first.
+__all__ = [  # noqa: RUF022
     "CallOutcome",
     "STRATEGIES",
     "SimulationConfig",

@@ -12,6 +12,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -270,21 +271,27 @@ class TestTheGuardSeam:
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """
-        The per-client loop asks the fleet's guard before each attempt and
-        tells it each outcome: a guard that refuses every retry with a
-        non-transient error keeps retries off the dependency, and the
-        refusals are counted apart from the load.
+        The per-client loop tells the fleet's guard when each call begins,
+        asks it before each attempt and tells it each outcome: a guard that
+        refuses every retry with a non-transient error keeps retries off the
+        dependency, and the refusals are counted apart from the load.
         """
         heard: list[tuple[int, bool]] = []
+        begun: list[float] = []
 
         class OnlyFirstAttempts:
-            def admit(self, now: float, attempt: int) -> Exception | None:
-                return None if attempt == 1 else KeyError("refused")
+            def begin(self, now: float) -> None:
+                begun.append(now)
+
+            def admit(self, now: float, client: Any) -> Exception | None:
+                if client.machine.attempt == 1:
+                    return None
+                return KeyError("refused")
 
             def record(
-                self, now: float, attempt: int, error: Exception | None
+                self, now: float, client: Any, error: Exception | None
             ) -> None:
-                heard.append((attempt, error is None))
+                heard.append((client.machine.attempt, error is None))
 
         monkeypatch.setattr(sim, "_guard", lambda config: OnlyFirstAttempts())
         result = run("full", clients=40)
@@ -293,7 +300,8 @@ class TestTheGuardSeam:
         assert s.refused == 40
         assert s.give_ups == (("not_retryable", 40),)
         assert heard == [(1, False)] * 40
-        assert "refused locally    40" in sim.render_summary(result)
+        assert sorted(begun) == sorted(c.start for c in result.calls)
+        assert "breaker rejected   40 attempts" in sim.render_summary(result)
 
 
 class TestConfig:
@@ -422,6 +430,7 @@ class TestRendering:
             "attempts",
             "peak load",
             "peak after outage",
+            "during outage",
             "latency (ok)",
             "drain",
             "overload ended",
@@ -671,3 +680,635 @@ class TestCommandLine:
         assert "outage" in proc.stdout
         assert "amplification" in proc.stdout
         assert "peak after outage" in proc.stdout
+
+
+def guarded(
+    *, breaker: bool = False, retry_budget: bool = False, **changes: Any
+) -> sim.SimulationResult:
+    """
+    Simulate the default fleet (full jitter) with the simulator's default
+    breaker and/or the library's default retry budget, and *changes*.
+    """
+    policy = sim.make_policy(
+        breaker=sim.make_breaker() if breaker else None,
+        retry_budget=resilient.RetryBudgetConfig() if retry_budget else None,
+    )
+    return sim.simulate(sim.SimulationConfig(policy=policy, **changes))
+
+
+@pytest.fixture(scope="module")
+def budgeted() -> sim.SimulationResult:
+    """The default fleet and outage, with the default retry budget."""
+    return guarded(retry_budget=True)
+
+
+@pytest.fixture(scope="module")
+def broken() -> sim.SimulationResult:
+    """The default fleet and outage, with the simulator's breaker."""
+    return guarded(breaker=True)
+
+
+@pytest.fixture(scope="module")
+def steady() -> dict[str, sim.SimulationResult]:
+    """
+    The default fleet plus 200 new calls a second for 20 s: plain, with a
+    retry budget, with a breaker, and with both.
+    """
+    return {
+        "plain": guarded(rate=200.0),
+        "budget": guarded(retry_budget=True, rate=200.0),
+        "breaker": guarded(breaker=True, rate=200.0),
+        "both": guarded(breaker=True, retry_budget=True, rate=200.0),
+    }
+
+
+def outage_buckets(result: sim.SimulationResult) -> int:
+    """How many of the chart's buckets lie wholly within the outage."""
+    return int(result.config.outage / result.config.bucket + 1e-9)
+
+
+class TestRetryBudget:
+    def test_the_budget_cuts_the_storm_of_a_burst(
+        self, full: sim.SimulationResult, budgeted: sim.SimulationResult
+    ) -> None:
+        """
+        With a retry budget, the burst of 1,000 failing calls gets the
+        retries the budget allows and no more: ratio * calls + min_per_second
+        * window of them, so the peak and the total load are a fraction of
+        the unbudgeted fleet's; the other calls give up for
+        ``retry_budget`` instead of retrying into the outage.
+        """
+        b, f = budgeted.summary, full.summary
+        config = resilient.RetryBudgetConfig()
+        allowed = config.ratio * 1000 + config.min_per_second * config.window
+        assert b.budget_retries == round(allowed)
+        assert b.attempts == 1000 + b.budget_retries
+        assert b.during_outage == b.attempts
+        assert b.peak[0] <= 0.5 * f.peak[0]
+        assert b.attempts <= 0.25 * f.attempts
+        assert b.budget_refused is not None
+        assert dict(b.give_ups)["retry_budget"] == b.budget_refused > 0
+        assert b.refused == 0  # No attempt is refused: the call gives up.
+        assert budgeted.transitions == ()
+        assert budgeted.breaker_states is None
+
+    def test_under_steady_traffic_the_load_stays_near_the_traffic(
+        self, steady: dict[str, sim.SimulationResult]
+    ) -> None:
+        """
+        Under steady traffic, the retry budget keeps the load during the
+        outage near the calls' own rate (plus the budget's share) instead
+        of several times it, the peak after the outage under the capacity,
+        and the total well under the unbudgeted total.
+        """
+        plain, budget = steady["plain"].summary, steady["budget"].summary
+        assert plain.calls == budget.calls
+        assert budget.during_outage <= 0.3 * plain.during_outage
+        assert budget.peak[0] <= 0.5 * plain.peak[0]
+        assert plain.peak_after_outage is not None
+        assert budget.peak_after_outage is not None
+        assert budget.peak_after_outage[0] <= 0.3 * plain.peak_after_outage[0]
+        assert budget.attempts <= 0.4 * plain.attempts
+        assert budget.amplification < 1.2 < plain.amplification
+        assert dict(budget.give_ups)["retry_budget"] > 0
+        assert steady["budget"].overload_end is None
+        # Calls that start after the outage succeed at once.
+        late = [c for c in steady["budget"].calls if c.start >= 6.0]
+        assert late
+        assert all(c.ok and c.attempts == 1 for c in late)
+
+    def test_the_budget_reads_simulated_time(self) -> None:
+        """
+        The budget's window moves with the simulation's clock: a long
+        outage with steady traffic gets a fresh allowance every window, so
+        retries keep flowing at about ratio * rate + min_per_second.
+        """
+        result = guarded(
+            retry_budget=True,
+            clients=1,
+            rate=100.0,
+            rate_until=40.0,
+            outage=40.0,
+        )
+        s = result.summary
+        assert s.budget_retries is not None
+        per_second = s.budget_retries / 40.0
+        assert 0.8 * (0.2 * 100 + 10) <= per_second <= 1.2 * (0.2 * 100 + 10)
+
+
+class TestBreaker:
+    def test_rejections_appear_and_the_outage_sees_only_probes(
+        self, full: sim.SimulationResult, broken: sim.SimulationResult
+    ) -> None:
+        """
+        The breaker opens on the first failures and rejects the fleet's
+        retries (they are never sent): during the outage the dependency
+        sees the calls that tripped it and then one probe per open
+        interval (each fails at once and re-opens it), a tiny fraction of
+        the unguarded fleet's load.
+        """
+        s = broken.summary
+        breaker = broken.config.policy.breaker
+        assert breaker is not None
+        assert s.refused > broken.config.clients
+        probes = breaker.half_open_probes * math.ceil(
+            broken.config.outage / breaker.open_interval
+        )
+        assert s.during_outage <= breaker.minimum_calls + probes
+        assert s.during_outage <= 0.01 * full.summary.during_outage
+        for n in broken.load[1 : outage_buckets(broken)]:
+            assert n <= breaker.half_open_probes
+        first = broken.transitions[0]
+        assert (first.new, first.reason) == (
+            resilient.BreakerState.OPEN,
+            "failure_rate",
+        )
+        during = [t for t in broken.transitions if t.at < 5.0]
+        assert {t.reason for t in during} == {
+            "failure_rate",
+            "open_interval_passed",
+            "probe_failed",
+        }
+
+    def test_the_breaker_closes_after_recovery(
+        self, broken: sim.SimulationResult
+    ) -> None:
+        """
+        Once the dependency is back, the half-open probes succeed and the
+        breaker closes; the run's state timeline ends closed, and the
+        letters show open and half-open during the outage.
+        """
+        s = broken.summary
+        closes = [
+            t
+            for t in broken.transitions
+            if t.new is resilient.BreakerState.CLOSED
+        ]
+        assert closes
+        assert closes[0].at >= broken.config.outage
+        assert closes[0].reason == "probes_succeeded"
+        assert s.breaker_closed == closes[-1].at
+        assert s.breaker_opened == sum(
+            t.new is resilient.BreakerState.OPEN for t in broken.transitions
+        )
+        assert (
+            broken.breaker_timeline()[-1][1] is resilient.BreakerState.CLOSED
+        )
+        states = broken.breaker_states
+        assert states is not None
+        assert len(states) == len(broken.load)
+        outage = states[: outage_buckets(broken)]
+        assert set(outage) == {"O", "H"}
+        assert "C" in states[outage_buckets(broken) :]
+
+    def test_breaker_states_follow_the_transitions(
+        self, broken: sim.SimulationResult
+    ) -> None:
+        """
+        A bucket's letter is H if the breaker was half-open at any moment
+        in it, else O if it was open at any moment, else C.
+        """
+        states = broken.breaker_states
+        assert states is not None
+        steps = broken.breaker_timeline()
+        width = broken.config.bucket
+        letter = {
+            resilient.BreakerState.CLOSED: "C",
+            resilient.BreakerState.OPEN: "O",
+            resilient.BreakerState.HALF_OPEN: "H",
+        }
+        for i, got in enumerate(states):
+            lo, hi = i * width, (i + 1) * width
+            seen = {
+                letter[state]
+                for (t, state), (t_next, _) in itertools.pairwise(steps)
+                if t < hi and (t_next >= lo or t_next == t >= lo)
+            }
+            want = "H" if "H" in seen else "O" if "O" in seen else "C"
+            assert got == want, i
+
+    def test_with_steady_traffic_and_a_budget(
+        self, steady: dict[str, sim.SimulationResult]
+    ) -> None:
+        """
+        Under steady traffic the breaker still holds the outage's load to
+        the probes, and with a retry budget as well the total load is the
+        smallest of the four and the dependency is never overloaded.
+        """
+        s = {name: r.summary for name, r in steady.items()}
+        for name in ("breaker", "both"):
+            assert s[name].during_outage <= 0.01 * s["plain"].during_outage
+            assert s[name].refused > 0
+            closed = s[name].breaker_closed
+            assert closed is not None
+            assert closed >= 5.0
+            timeline = steady[name].breaker_timeline()
+            assert timeline[-1][1] is resilient.BreakerState.CLOSED
+        assert s["both"].attempts == min(x.attempts for x in s.values())
+        assert steady["both"].overload_end is None
+        assert dict(s["both"].give_ups)["retry_budget"] > 0
+
+    def test_a_breaker_that_never_opens(self) -> None:
+        """
+        Without an outage and with ample capacity, the breaker stays closed
+        and rejects nothing; the figures say it never opened.
+        """
+        result = guarded(breaker=True, clients=100, outage=0.0)
+        assert result.transitions == ()
+        assert result.summary.refused == 0
+        assert result.summary.breaker_opened == 0
+        assert result.summary.breaker_closed is None
+        assert set(result.breaker_states or "") == {"C"}
+        text = sim.render_summary(result)
+        assert "breaker            opened 0 times, never opened" in text
+
+    def test_a_breaker_still_open_at_the_end(self) -> None:
+        """
+        When every call has given up while the breaker is open, the figures
+        say it was still open when the run ended.
+        """
+        result = guarded(breaker=True, retry_budget=True)
+        assert result.summary.breaker_closed is None
+        assert result.breaker_timeline()[-1][1] is not (
+            resilient.BreakerState.CLOSED
+        )
+        assert "still open at the end" in sim.render_summary(result)
+
+
+class TestSteadyTraffic:
+    def test_steady_calls_arrive_on_top_of_the_burst(
+        self,
+        full: sim.SimulationResult,
+        steady: dict[str, sim.SimulationResult],
+    ) -> None:
+        """
+        ``rate`` adds about rate * rate_until calls at random times before
+        ``rate_until``, numbered after the clients; the clients' own start
+        times do not change.
+        """
+        result = steady["plain"]
+        extra = result.calls[1000:]
+        assert 0.9 * 200 * 20 <= len(extra) <= 1.1 * 200 * 20
+        assert all(0 < c.start < 20.0 for c in extra)
+        assert [c.start for c in extra] == sorted(c.start for c in extra)
+        assert [c.client for c in result.calls] == list(
+            range(len(result.calls))
+        )
+        assert [c.start for c in result.calls[:1000]] == [
+            c.start for c in full.calls
+        ]
+
+    def test_every_guard_is_deterministic_for_a_seed(self) -> None:
+        """
+        The same configuration (seed included), breaker, budget and steady
+        traffic all on, gives the same run; another seed another run.
+        """
+        a = guarded(breaker=True, retry_budget=True, rate=50.0, clients=200)
+        b = guarded(breaker=True, retry_budget=True, rate=50.0, clients=200)
+        c = guarded(
+            breaker=True, retry_budget=True, rate=50.0, clients=200, seed=1
+        )
+        assert a == b
+        assert a.transitions == b.transitions
+        assert a.calls != c.calls
+
+
+class TestTheProcessClock:
+    def test_simulate_restores_the_clock(
+        self, clock: resilient.testing.FakeClock
+    ) -> None:
+        """
+        `simulate` points the process's clock at the simulation's while it
+        runs (the retry budget reads it) and puts the previous one back.
+        """
+        from resilient._core import _clock
+
+        guarded(retry_budget=True, clients=20)
+        assert _clock.get_clock() is clock
+
+    def test_simulate_restores_the_clock_on_error(
+        self, clock: resilient.testing.FakeClock
+    ) -> None:
+        """The previous clock comes back even when the simulation raises."""
+        from resilient._core import _clock
+
+        policy = resilient.Policy(
+            attempts=None, budget=1.0, backoff=resilient.Constant(seconds=0)
+        )
+        with pytest.raises(RuntimeError):
+            sim.simulate(sim.SimulationConfig(clients=1, policy=policy))
+        assert _clock.get_clock() is clock
+
+
+class TestGuardConfig:
+    @pytest.mark.parametrize(
+        ("field", "value"), [("rate", -1.0), ("rate_until", 0.0)]
+    )
+    def test_bad_traffic_names_the_field(
+        self, field: str, value: float
+    ) -> None:
+        """A bad steady rate or end is refused, naming the field."""
+        with pytest.raises(ConfigError) as info:
+            sim.SimulationConfig(**{field: value})  # type: ignore[arg-type]
+        assert info.value.field == f"SimulationConfig.{field}"
+
+    def test_make_breaker(self) -> None:
+        """
+        The simulator's breaker: a 10 s time window and a 1 s open
+        interval, the library's thresholds; the rest as `BreakerPolicy`.
+        """
+        b = sim.make_breaker()
+        assert b.window == resilient.TimeWindow(10.0)
+        assert (b.failure_rate, b.minimum_calls) == (0.5, 5)
+        assert (b.open_interval, b.half_open_probes) == (1.0, 3)
+        assert b.probe_timeout == resilient.BreakerPolicy().probe_timeout
+
+    def test_command_round_trips_with_every_guard(self) -> None:
+        """
+        A configuration with a breaker, a retry budget and steady traffic
+        has a command that parses back to it.
+        """
+        config = sim.SimulationConfig(
+            clients=30,
+            rate=12.5,
+            rate_until=7,
+            policy=sim.make_policy(
+                "equal",
+                breaker=sim.make_breaker(
+                    failure_rate=0.25,
+                    minimum_calls=9,
+                    window=4,
+                    open_interval=2.5,
+                    half_open_probes=2,
+                ),
+                retry_budget=resilient.RetryBudgetConfig(
+                    ratio=0.1, min_per_second=3, window=5
+                ),
+            ),
+        )
+        argv = config.argv()
+        assert "--breaker" in argv
+        assert "--retry-budget" in argv
+        args = cli.parser().parse_args(["simulate", *argv])
+        assert cli.config_from_args(args) == config
+
+    @pytest.mark.parametrize(
+        "breaker",
+        [
+            resilient.BreakerPolicy(window=resilient.CountWindow(50)),
+            sim.make_breaker().evolve(probe_timeout=3.0),
+        ],
+        ids=["count-window", "probe-timeout"],
+    )
+    def test_a_breaker_the_cli_cannot_express(
+        self, breaker: resilient.BreakerPolicy
+    ) -> None:
+        """A breaker with settings the options do not reach has no command."""
+        config = sim.SimulationConfig(policy=sim.make_policy(breaker=breaker))
+        with pytest.raises(ValueError, match="cannot express"):
+            config.command()
+
+
+class TestGuardRendering:
+    def test_text_shows_the_breaker_and_the_budget(
+        self, steady: dict[str, sim.SimulationResult]
+    ) -> None:
+        """
+        With both guards, the header names them and the traffic, each chart
+        row starts with the bucket's breaker state, and the figures add the
+        rejections, the budget's refusals and the breaker's states.
+        """
+        result = steady["both"]
+        header, chart, summary = sim.render_text(result).split("\n\n")
+        assert "+ 200 calls/s until 20 s" in header
+        assert "breaker (opens at 50% of >= 5 calls in 10 s" in header
+        assert "retry budget (0.2 per call + 10/s over 10 s)" in header
+        states = result.breaker_states
+        assert states is not None
+        rows = chart.splitlines()
+        assert "breaker: C closed, O open, H half-open" in rows[0]
+        assert [r.split(" s ", 1)[1][0] for r in rows[1:]] == list(states)
+        s = result.summary
+        assert f"breaker rejected   {s.refused} attempts (not sent)" in summary
+        assert (
+            f"retry budget       allowed {s.budget_retries} retries, "
+            f"refused {s.budget_refused}"
+        ) in summary
+        assert "breaker            opened " in summary
+        lines = summary.split("breaker states", 1)[1].splitlines()[1:]
+        assert all(line.startswith(" " * 19) for line in lines)
+        assert "".join(line.replace(" ", "") for line in lines) == states
+        assert len(lines) == math.ceil(len(states) / 60)
+
+    def test_a_breaker_on_a_count_window_is_described(self) -> None:
+        """The header describes a count window in calls."""
+        policy = sim.make_policy(
+            breaker=resilient.BreakerPolicy(window=resilient.CountWindow(50))
+        )
+        result = sim.simulate(sim.SimulationConfig(clients=10, policy=policy))
+        assert "in 50 calls" in sim.render_header(result)
+
+    def test_short_labels(self) -> None:
+        """A short name for each combination, for charts and tables."""
+        labels = [
+            sim.short_label(r.config)
+            for r in (
+                guarded(clients=1),
+                guarded(clients=1, retry_budget=True),
+                guarded(clients=1, breaker=True, retry_budget=True),
+            )
+        ]
+        assert labels == [
+            "full",
+            "full + retry budget",
+            "full + retry budget + breaker",
+        ]
+        custom = sim.SimulationConfig(
+            policy=resilient.Policy(backoff=resilient.Custom(lambda r: 1.0))
+        )
+        assert sim.short_label(custom) == "Custom"
+
+    def test_plot_with_a_breaker(
+        self, broken: sim.SimulationResult, tmp_path: Path
+    ) -> None:
+        """
+        With a breaker, the PNG has the breaker's state under the load;
+        `plot_breaker` draws a step line over the three states, and nothing
+        but the outage without a breaker.
+        """
+        pytest.importorskip("matplotlib")
+        target = tmp_path / "breaker.png"
+        sim.save_plot(broken, str(target))
+        assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        from matplotlib.figure import Figure
+
+        ax = Figure().subplots()
+        sim.plot_breaker(broken, ax)
+        (line,) = ax.get_lines()
+        levels: Any = line.get_ydata()
+        assert set(levels) == {0, 1, 2}
+        ax = Figure().subplots()
+        sim.plot_breaker(guarded(clients=1), ax)
+        assert ax.get_lines() == []
+
+
+class TestGuardCommandLine:
+    def test_main_prints_the_guarded_simulation(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """
+        ``--breaker``, ``--retry-budget`` and ``--rate`` with their knobs
+        print exactly `render_text` of the configuration they describe.
+        """
+        argv = [
+            "simulate",
+            "--clients=200",
+            "--rate=50",
+            "--rate-until=10",
+            "--breaker",
+            "--breaker-open-interval=2",
+            "--breaker-probes=1",
+            "--retry-budget",
+            "--retry-budget-ratio=0.5",
+            "--ascii",
+        ]
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        config = cli.config_from_args(cli.parser().parse_args(argv))
+        assert config.policy.breaker == sim.make_breaker(
+            open_interval=2, half_open_probes=1
+        )
+        assert config.policy.retry_budget == resilient.RetryBudgetConfig(
+            ratio=0.5
+        )
+        assert (config.rate, config.rate_until) == (50.0, 10.0)
+        result = sim.simulate(config)
+        assert out == sim.render_text(result, ascii_only=True) + "\n"
+        assert "breaker states" in out
+
+    @pytest.mark.parametrize(
+        ("argv", "message"),
+        [
+            (
+                ["--breaker", "--breaker-failure-rate=1.5"],
+                "argument --breaker-failure-rate: BreakerPolicy.failure_rate",
+            ),
+            (
+                ["--breaker", "--breaker-minimum-calls=0"],
+                (
+                    "argument --breaker-minimum-calls: "
+                    "BreakerPolicy.minimum_calls"
+                ),
+            ),
+            (
+                ["--breaker", "--breaker-window=0"],
+                "argument --breaker-window: TimeWindow.seconds",
+            ),
+            (
+                ["--breaker", "--breaker-open-interval=-1"],
+                (
+                    "argument --breaker-open-interval: "
+                    "BreakerPolicy.open_interval"
+                ),
+            ),
+            (
+                ["--breaker", "--breaker-open-interval=400"],
+                (
+                    "argument --breaker-open-interval: "
+                    "BreakerPolicy.max_open_interval"
+                ),
+            ),
+            (
+                ["--breaker", "--breaker-probes=0"],
+                "argument --breaker-probes: BreakerPolicy.half_open_probes",
+            ),
+            (
+                ["--breaker", "--breaker-probes=x"],
+                "argument --breaker-probes: invalid int value: 'x'",
+            ),
+            (
+                ["--retry-budget", "--retry-budget-ratio=-1"],
+                "argument --retry-budget-ratio: RetryBudgetConfig.ratio",
+            ),
+            (
+                ["--retry-budget", "--retry-budget-min=nan"],
+                (
+                    "argument --retry-budget-min: "
+                    "RetryBudgetConfig.min_per_second"
+                ),
+            ),
+            (
+                ["--retry-budget", "--retry-budget-window=0.01"],
+                "argument --retry-budget-window: RetryBudgetConfig.window",
+            ),
+            (["--rate=-5"], "argument --rate: SimulationConfig.rate"),
+            (
+                ["--rate-until=0"],
+                "argument --rate-until: SimulationConfig.rate_until",
+            ),
+            (
+                ["--breaker-probes=2"],
+                (
+                    "argument --breaker-probes: 2 given, but the option only "
+                    "applies with --breaker"
+                ),
+            ),
+            (
+                ["--retry-budget-window=5"],
+                (
+                    "argument --retry-budget-window: 5.0 given, but the "
+                    "option only applies with --retry-budget"
+                ),
+            ),
+        ],
+    )
+    def test_bad_guard_options_name_the_option_and_value(
+        self,
+        argv: list[str],
+        message: str,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """
+        A bad breaker, retry budget or traffic option, or a knob without
+        its switch, exits with status 2 naming the option and the value.
+        """
+        with pytest.raises(SystemExit) as info:
+            cli.main(["simulate", *argv])
+        assert info.value.code == 2
+        err = capsys.readouterr().err
+        assert "python -m resilient simulate: error: " in err
+        assert message in err
+        value = argv[-1].split("=", 1)[1]
+        assert value in err
+
+
+class TestThePublicModule:
+    def test_it_exports_the_simulator(self) -> None:
+        """
+        `resilient.simulation` re-exports the simulator's public names,
+        listed in a sorted ``__all__``.
+        """
+        import resilient.simulation as public
+
+        assert public.__all__ == sorted(set(public.__all__))
+        for name in public.__all__:
+            assert getattr(public, name) is getattr(sim, name)
+        assert public.simulate is sim.simulate
+
+    def test_import_resilient_stays_lean(self) -> None:
+        """
+        ``import resilient`` loads neither the simulator nor its public
+        module; they are imported by name.
+        """
+        code = (
+            "import sys, resilient; "
+            "print(sorted(m for m in sys.modules if 'simulat' in m))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        assert proc.stdout.strip() == "[]"
