@@ -1300,12 +1300,13 @@ class TestThePublicModule:
         ``import resilient`` loads neither the simulator nor its public
         module; they are imported by name.
         """
-        code = (
-            "import sys, resilient; "
-            "print(sorted(m for m in sys.modules if 'simulat' in m))"
-        )
         proc = subprocess.run(
-            [sys.executable, "-c", code],
+            [
+                sys.executable,
+                "-c",
+                "import sys, resilient; "
+                "print(sorted(m for m in sys.modules if 'simulat' in m))",
+            ],
             capture_output=True,
             text=True,
             check=True,
