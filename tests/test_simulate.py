@@ -1304,8 +1304,10 @@ class TestThePublicModule:
             [
                 sys.executable,
                 "-c",
-                "import sys, resilient; "
-                "print(sorted(m for m in sys.modules if 'simulat' in m))",
+                (
+                    "import sys, resilient; "
+                    "print(sorted(m for m in sys.modules if 'simulat' in m))"
+                ),
             ],
             capture_output=True,
             text=True,
