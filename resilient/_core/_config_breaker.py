@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Final, Literal, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    Literal,
+    TypedDict,
+    Unpack,
+    final,
+)
 
 import attrs
 
@@ -21,6 +29,10 @@ from resilient._core._validate import (
     to_seconds,
 )
 from resilient.exceptions import ConfigError, ConfigTypeError
+
+
+if TYPE_CHECKING:
+    import datetime as dt
 
 
 log: Final = logging.getLogger("resilient")
@@ -273,7 +285,7 @@ class BreakerPolicy:
             failed = True
         return "failure" if failed else "success"
 
-    def evolve(self, **changes: Any) -> BreakerPolicy:
+    def evolve(self, **changes: Unpack[BreakerPolicyChanges]) -> BreakerPolicy:
         """
         A copy with *changes* applied and validated again.
 
@@ -283,6 +295,23 @@ class BreakerPolicy:
             5.0
         """
         return attrs.evolve(self, **changes)
+
+
+class BreakerPolicyChanges(TypedDict, total=False):
+    """The keyword arguments `BreakerPolicy.evolve` takes, typed."""
+
+    window: CountWindow | TimeWindow
+    failure_rate: float
+    minimum_calls: int
+    slow_call_duration: float | dt.timedelta | None
+    slow_call_rate: float
+    open_interval: float | dt.timedelta
+    open_interval_growth: float
+    max_open_interval: float | dt.timedelta
+    half_open_probes: int
+    probe_timeout: float | dt.timedelta
+    failure_on: FailureOn
+    ignore_on: type[Exception] | tuple[type[Exception], ...]
 
 
 __all__ = ["BreakerPolicy", "CountWindow", "TimeWindow"]
