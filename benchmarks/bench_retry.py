@@ -349,7 +349,7 @@ class Counter:
         (time, "sleep", "time.sleep"),
         (asyncio, "sleep", "asyncio.sleep"),
         (anyio, "sleep", "anyio.sleep"),
-        (anyio.lowlevel, "checkpoint", "anyio checkpoint"),
+        (anyio.lowlevel, "checkpoint", "checkpoint"),
         (trio, "sleep", "trio.sleep"),
     )
 
@@ -440,13 +440,14 @@ def format_sleeps(counts: dict[str, dict[str, dict[str, float]]]) -> str:
     ]
     width = max(len(n) for rows in counts.values() for n in rows) + 10
     header = "runtime/contender".ljust(width) + "".join(
-        f"{label:>18}" for label in labels
+        f"{label:>{len(label) + 2}}" for label in labels
     )
     lines += ["-" * len(header), header, "-" * len(header)]
     for runtime, rows in counts.items():
         for name, per in rows.items():
             cells = "".join(
-                f"{per.get(label, 0.0):>18.2f}" for label in labels
+                f"{per.get(label, 0.0):>{len(label) + 2}.2f}"
+                for label in labels
             )
             lines.append(f"{runtime}/{name}".ljust(width) + cells)
     lines.append("-" * len(header))
