@@ -839,14 +839,10 @@ class CircuitBreaker:
             await self._anotify(events)
         return result
 
-    def _pop(self) -> BreakerPermit:
-        top = self._entered.get()
-        if top is None:
-            raise RuntimeError(
-                f"breaker {self.name!r} exited more often than entered"
-            )
-        self._entered.set(top[1])
-        return top[0]
+    def _unbalanced(self) -> RuntimeError:
+        return RuntimeError(
+            f"breaker {self.name!r} exited more often than entered"
+        )
 
     def __enter__(self) -> BreakerPermit:
         permit = self.acquire()
@@ -860,9 +856,12 @@ class CircuitBreaker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        permit = self._pop()
+        top = self._entered.get()
+        if top is None:
+            raise self._unbalanced()
+        self._entered.set(top[1])
         events = self._record(
-            permit, SUCCESS if exc is None else self._outcome(exc)
+            top[0], SUCCESS if exc is None else self._outcome(exc)
         )
         if events:
             self._notify(events)
@@ -879,9 +878,12 @@ class CircuitBreaker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        permit = self._pop()
+        top = self._entered.get()
+        if top is None:
+            raise self._unbalanced()
+        self._entered.set(top[1])
         events = self._record(
-            permit, SUCCESS if exc is None else self._outcome(exc)
+            top[0], SUCCESS if exc is None else self._outcome(exc)
         )
         if events:
             await self._anotify(events)
