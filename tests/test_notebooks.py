@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from resilient import __main__ as cli
-from resilient import _simulate as sim
+from resilient import simulation as sim
 
 
 nbformat = pytest.importorskip("nbformat")
@@ -90,6 +90,12 @@ def test_notebook_runs_and_agrees_with_the_simulator(
             kinds = [out.output_type for out in cell.get("outputs", [])]
             assert "error" not in kinds, cell.source
     blocks = summaries(printed(nb))
+    pngs = [
+        out
+        for cell in nb.cells
+        for out in cell.get("outputs", [])
+        if "image/png" in out.get("data", {})
+    ]
     if path.name == "backoff_spread.ipynb":
         strategies = [a for argv, _ in blocks for a in argv if "strategy" in a]
         assert strategies == [
@@ -98,12 +104,29 @@ def test_notebook_runs_and_agrees_with_the_simulator(
             "--strategy=decorrelated",
             "--strategy=exponential",
         ]
-        pngs = [
-            out
-            for cell in nb.cells
-            for out in cell.get("outputs", [])
-            if "image/png" in out.get("data", {})
+        assert len(pngs) == 3
+    if path.name == "breaker_budget.ipynb":
+        # (breaker, retry budget, steady traffic) of each printed run.
+        guards = [
+            (
+                "--breaker" in argv,
+                "--retry-budget" in argv,
+                any(a.startswith("--rate=") for a in argv),
+            )
+            for argv, _ in blocks
         ]
+        assert guards == [
+            (False, False, True),
+            (False, True, True),
+            (True, False, True),
+            (True, True, True),
+            (True, True, False),
+        ]
+        for (breaker, budget, _), (_, body) in zip(
+            guards, blocks, strict=True
+        ):
+            assert ("breaker states" in body) == breaker
+            assert ("retry budget       allowed" in body) == budget
         assert len(pngs) == 3
     for argv, body in blocks:
         args = cli.parser().parse_args(["simulate", *argv])
