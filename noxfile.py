@@ -51,7 +51,15 @@ def _bootstrap() -> NoReturn:
         print(f"noxfile.py: installing nox into {BOOTSTRAP}", file=sys.stderr)
         venv.create(BOOTSTRAP, with_pip=True, clear=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", "nox>=2024.4"],
+            [
+                str(python),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "nox>=2024.4",
+            ],
             check=True,
         )
     os.environ[_BOOTSTRAPPED] = "1"
