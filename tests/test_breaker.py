@@ -738,6 +738,8 @@ class TestShells:
         cb = resilient.breaker("exit")
         with pytest.raises(RuntimeError, match="exited more often"):
             cb.__exit__(None, None, None)
+        with pytest.raises(RuntimeError, match="exited more often"):
+            anyio.run(cb.__aexit__, None, None, None)
 
     def test_decorator_keeps_signature_and_methods(self, clock: Any) -> None:
         """The decorated function keeps its signature; methods work."""
