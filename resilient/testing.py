@@ -22,7 +22,14 @@ if TYPE_CHECKING:
     from resilient.typing import Clock
 
 
-__all__ = ["FakeClock", "is_testing", "seed", "set_testing", "use_clock"]
+__all__ = [
+    "FakeClock",
+    "is_testing",
+    "reset_registries",
+    "seed",
+    "set_testing",
+    "use_clock",
+]
 
 
 @final
@@ -128,6 +135,33 @@ def use_clock(clock: Clock) -> _Restore:
         _clock.set_clock(previous)
 
     return _Restore(undo)
+
+
+def reset_registries() -> None:
+    """
+    Forget every circuit breaker, bulkhead and retry budget made so far.
+
+    Their state is process-wide by design (one breaker per dependency), so a
+    test that opens a breaker would otherwise leave it open for the next
+    one. Call it between tests, e.g. from an autouse fixture::
+
+        @pytest.fixture(autouse=True)
+        def _fresh_resilient_state():
+            yield
+            resilient.testing.reset_registries()
+
+    Objects already handed out keep working; the next lookup of a name
+    makes a new one.
+
+    .. versionadded:: 26.11.0
+    """
+    from resilient._breaker import _REGISTRY  # noqa: PLC0415
+    from resilient._bulkhead import BULKHEADS  # noqa: PLC0415
+    from resilient._retry_budget import RETRY_BUDGETS  # noqa: PLC0415
+
+    _REGISTRY.clear()
+    BULKHEADS.clear()
+    RETRY_BUDGETS.clear()
 
 
 FakeClock.__module__ = "resilient.testing"

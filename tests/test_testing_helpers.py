@@ -56,6 +56,7 @@ def test_public_names() -> None:
     assert sorted(resilient.testing.__all__) == [
         "FakeClock",
         "is_testing",
+        "reset_registries",
         "seed",
         "set_testing",
         "use_clock",
@@ -300,3 +301,19 @@ def test_retries_sleep_on_the_installed_clock(driver: Any) -> None:
         driver.call(resilient.retry(policy), always_fails([]))
     assert fake.sleeps == [10.0, 10.0]
     assert fake.now() == 20.0
+
+
+def test_reset_registries_forgets_shared_state() -> None:
+    """After reset_registries, a name gets a fresh breaker, bulkhead and
+    retry budget; objects handed out before keep working."""
+    cb = resilient.breaker("reset-me")
+    cb.force_open()
+    bh = resilient.bulkhead("reset-me")
+    rb = resilient.get_retry_budget("reset-me")
+    resilient.testing.reset_registries()
+    fresh = resilient.breaker("reset-me")
+    assert fresh is not cb
+    assert fresh.state.value == "closed"
+    assert cb.state.value == "forced_open"
+    assert resilient.bulkhead("reset-me") is not bh
+    assert resilient.get_retry_budget("reset-me") is not rb
