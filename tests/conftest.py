@@ -23,6 +23,13 @@ import resilient
 import resilient.testing
 
 
+@pytest.fixture(autouse=True)
+def _fresh_process_state() -> Iterator[None]:
+    """Every test starts with no breakers, bulkheads or retry budgets."""
+    yield
+    resilient.testing.reset_registries()
+
+
 @pytest.fixture
 def clock() -> Iterator[resilient.testing.FakeClock]:
     """A fake clock every primitive reads and sleeps on for this test."""
