@@ -176,7 +176,8 @@ def docs(session: nox.Session) -> None:
 
     ``nox -s docs -- watch`` rebuilds and serves them as you edit.
     """
-    _install(session, "docs")
+    # The examples use the OpenTelemetry SDK (instrumentation page).
+    _install(session, "docs", extras="[otel]")
     if session.posargs == ["watch"]:
         session.install("sphinx-autobuild")
         session.run("sphinx-autobuild", "-W", "-n", "docs", "docs/_build/html")
