@@ -839,7 +839,8 @@ class _Run:
             while at < config.rate_until:
                 times.append(at)
                 at += arrivals.expovariate(config.rate)
-        budget = getattr(self.guard, "budget", None)
+        guard = self.guard
+        budget = guard.budget if isinstance(guard, _FleetGuard) else None
         self.left = _MAX_ATTEMPTS_PER_CLIENT * len(times)
         self.clients: list[_Client] = []
         for number, at in enumerate(times):
@@ -924,9 +925,11 @@ class _Run:
         calls = tuple(c.outcome for c in self.clients if c.outcome)
         overload_end = self.dependency.overload_end
         guard = self.guard
-        transitions = tuple(getattr(guard, "transitions", ()))
-        machine = getattr(guard, "breaker", None)
-        budget = getattr(guard, "budget", None)
+        if isinstance(guard, _FleetGuard):
+            transitions = tuple(guard.transitions)
+            machine, budget = guard.breaker, guard.budget
+        else:
+            transitions, machine, budget = (), None, None
         figures = _summarize(
             config,
             load,
