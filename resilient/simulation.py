@@ -18,6 +18,8 @@ It is not imported by ``import resilient``: import it by name.
 
 from __future__ import annotations
 
+import contextlib
+
 from resilient._simulate import (
     STRATEGIES,
     CallOutcome,
@@ -58,3 +60,15 @@ __all__ = [  # noqa: RUF022
     "short_label",
     "simulate",
 ]
+
+
+def _fix_module_names() -> None:
+    """Show public paths (``resilient.simulation.simulate``) in reprs."""
+    for name in __all__:
+        obj = globals()[name]
+        if getattr(obj, "__module__", "").startswith("resilient._"):
+            with contextlib.suppress(AttributeError, TypeError):
+                obj.__module__ = __name__
+
+
+_fix_module_names()
