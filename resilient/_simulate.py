@@ -118,8 +118,9 @@ def backoff_for(
         cap: Seconds; the largest window (ignored by ``constant``).
 
     Raises:
-        ConfigError: An unknown *strategy*, or a bad *base* or *cap* (named
-            after the strategy's class, like ``FullJitter.cap``).
+        resilient.ConfigError: An unknown *strategy*, or a bad *base* or
+            *cap* (named after the strategy's class, like
+            ``FullJitter.cap``).
     """
     try:
         make = _BACKOFFS[strategy]
@@ -180,8 +181,9 @@ def make_breaker(
             successes close it.
 
     Raises:
-        ConfigError: A bad value, named after the field that refused it
-            (``BreakerPolicy.open_interval``, ``TimeWindow.seconds``...).
+        resilient.ConfigError: A bad value, named after the field that
+            refused it (``BreakerPolicy.open_interval``,
+            ``TimeWindow.seconds``...).
     """
     return BreakerPolicy(
         window=TimeWindow(window),
@@ -231,7 +233,8 @@ def make_policy(
         retry_budget: The retry budget the fleet shares, or None for none.
 
     Raises:
-        ConfigError: A bad value, named after the field that refused it.
+        resilient.ConfigError: A bad value, named after the field that
+            refused it.
     """
     return Policy(
         name="simulated",
@@ -285,8 +288,9 @@ class SimulationConfig:
     """
     One simulation: the fleet, the dependency, the policy and the run.
 
-    Validated at construction: a bad value raises `ConfigError` (or
-    `ConfigTypeError`) naming ``SimulationConfig.<field>`` and the value.
+    Validated at construction: a bad value raises
+    `~resilient.ConfigError` (or `~resilient.ConfigTypeError`) naming
+    ``SimulationConfig.<field>`` and the value.
     Durations are seconds (a `datetime.timedelta` is accepted too).
 
     Args:
