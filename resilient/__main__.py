@@ -44,6 +44,8 @@ _OPTION_OF_FIELD: Final = {
     "RetryBudgetConfig.window": "--retry-budget-window",
 }
 
+_BUDGET: Final = RetryBudgetConfig()
+
 # The options that tune a guard, by the switch that turns it on.
 _KNOBS: Final = {
     "--breaker": (
@@ -54,9 +56,9 @@ _KNOBS: Final = {
         ("breaker_probes", _simulate.BREAKER_PROBES),
     ),
     "--retry-budget": (
-        ("retry_budget_ratio", 0.2),
-        ("retry_budget_min", 10.0),
-        ("retry_budget_window", 10.0),
+        ("retry_budget_ratio", _BUDGET.ratio),
+        ("retry_budget_min", _BUDGET.min_per_second),
+        ("retry_budget_window", _BUDGET.window),
     ),
 }
 
