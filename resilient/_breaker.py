@@ -417,7 +417,10 @@ class _BreakerMachine:
             if now - oldest >= timeout:
                 return self._next_interval()  # It re-opens on next admit.
             if len(probes) >= self.config.half_open_probes:
-                return oldest + timeout - now
+                # A slot frees when a probe ends, at the latest when it
+                # times out; never promise a longer wait than re-opening
+                # would cost, or waiting callers outlast a recovery.
+                return min(oldest + timeout - now, self._next_interval())
         return 0.0
 
     def force_open(self, now: float) -> BreakerTransition | None:

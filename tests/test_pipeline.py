@@ -74,10 +74,14 @@ class TestBreakerStage:
         )
         body, calls = failing(2)
         assert driver.call(policy, body) == "ok"
-        # Two failures (1 s backoff between), the breaker opens; the third
-        # attempt is rejected and retry waits out the 10 s open interval.
+        # Two failures (1 s backoff between) open the breaker; retry does
+        # not try into it but waits out the 10 s open interval, spread over
+        # [10, 20] s so a fleet does not return at once, plus its own
+        # backoff; then the probe succeeds.
         assert len(calls) == 3
-        assert clock.sleeps == [1.0, 10.0]
+        first, wait = clock.sleeps
+        assert first == 1.0
+        assert 11.0 <= wait <= 21.0
         cb = get_breaker(policy.name)
         assert cb.state.value == "closed"
 
@@ -120,7 +124,9 @@ class TestBreakerStage:
         )
         body, calls = failing(2)
         assert driver.block(policy, lambda a: body()) == "ok"
-        assert clock.sleeps == [1.0, 7.0]
+        first, wait = clock.sleeps
+        assert first == 1.0
+        assert 8.0 <= wait <= 15.0
 
     def test_non_failures_not_counted(
         self, driver: Driver, clock: Any
@@ -199,6 +205,55 @@ class TestBreakerStage:
         anyio.run(main, backend=kind)
         assert get_breaker(slow.name).state.value == "open"
         assert get_breaker(budget_only.name).state.value == "closed"
+
+
+    def test_rejections_are_not_attempts(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """
+        A CircuitOpen rejection (here from a breaker the call uses inside)
+        is outwaited with jitter, is not counted as an attempt and spends
+        no retry budget; at most `attempts` rejections are tolerated.
+        """
+        policy = Policy(
+            name=fresh("nested"),
+            attempts=2,
+            budget=None,
+            backoff=Constant(seconds=0.5),
+            retry_budget=RetryBudgetConfig(ratio=0.0, min_per_second=0),
+        )
+        outcomes = iter(
+            [CircuitOpen("inner", 3.0), CircuitOpen("inner", 3.0), "ok"]
+        )
+
+        def body() -> str:
+            outcome = next(outcomes)
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+
+        assert driver.call(policy, body) == "ok"
+        assert len(clock.sleeps) == 2
+        assert all(3.5 <= s <= 6.5 for s in clock.sleeps)
+        outcomes = iter([CircuitOpen("inner", 1.0)] * 3)
+        with pytest.raises(CircuitOpen) as info:
+            driver.call(policy, body)
+        assert "(attempts)" in info.value.__notes__[0]
+
+    def test_forced_open_breaker_gives_up_at_once(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """A forced-open breaker cannot be outwaited: no wait, no call."""
+        policy = Policy(name=fresh("forced"), breaker=BreakerPolicy())
+        body, calls = failing(0)
+        fn = driver.fn(body)
+        wrapped = policy(fn)
+        get_breaker(policy.name).force_open()
+        with pytest.raises(CircuitOpen) as info:
+            driver.run(wrapped)
+        assert calls == []
+        assert clock.sleeps == []
+        assert "(breaker open)" in info.value.__notes__[0]
 
 
 class TestBulkheadStage:
