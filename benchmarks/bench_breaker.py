@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _harness as h
 import resilient
-from resilient import BreakerPolicy, CircuitOpen, CountWindow, bulkhead
+from resilient import BreakerConfig, CircuitOpen, CountWindow, bulkhead
 
 
 breaker = resilient.breaker
@@ -75,7 +75,7 @@ NOTES = (
         " no lock, not thread-safe"
     ),
     (
-        f"{RES}: resilient.breaker(name, BreakerPolicy(open_interval=3600,"
+        f"{RES}: resilient.breaker(name, BreakerConfig(open_interval=3600,"
         " max_open_interval=3600)): the default 60 s time window, opens at"
         " >= 50% failures over >= 5 calls; lock-guarded, thread-safe"
     ),
@@ -163,9 +163,9 @@ _names = itertools.count()
 
 
 def _resilient(window: CountWindow | None) -> Wrap:
-    config = BreakerPolicy(open_interval=OPEN_FOR, max_open_interval=OPEN_FOR)
+    config = BreakerConfig(open_interval=OPEN_FOR, max_open_interval=OPEN_FOR)
     if window is not None:
-        config = BreakerPolicy(
+        config = BreakerConfig(
             window=window, open_interval=OPEN_FOR, max_open_interval=OPEN_FOR
         )
     return breaker(f"bench-{next(_names)}", config)
@@ -459,7 +459,7 @@ PIPE_NOTES = (
     (
         "resilient @policy: Policy(retry_on=ValueError,"
         " backoff=Constant(seconds=0), budget=None, attempts=4,"
-        " breaker=BreakerPolicy(...)) used as the decorator; '+ bulkhead'"
+        " breaker=BreakerConfig(...)) used as the decorator; '+ bulkhead'"
         " adds bulkhead=BulkheadConfig(max_concurrent=25)"
     ),
     "tenacity + pybreaker / aiobreaker: tenacity.retry(...)(breaker(fn))",
@@ -500,7 +500,7 @@ def _pipeline_policy(*, with_bulkhead: bool) -> resilient.Policy:
         backoff=resilient.Constant(seconds=0),
         budget=None,
         attempts=4,
-        breaker=BreakerPolicy(
+        breaker=BreakerConfig(
             open_interval=OPEN_FOR, max_open_interval=OPEN_FOR
         ),
         bulkhead=(

@@ -6,7 +6,6 @@ locks for Python backends, sync and async, configured by one policy object.
 from __future__ import annotations
 
 import contextlib
-import typing
 
 from resilient._breaker import (
     BreakerPermit,
@@ -22,7 +21,6 @@ from resilient._bulkhead import (
     BulkheadPermit,
     BulkheadStatistics,
     bulkhead,
-    get_bulkhead,
 )
 from resilient._core._backoff import (
     Constant,
@@ -41,7 +39,7 @@ from resilient._core._clock import (
     remaining,
 )
 from resilient._core._config_breaker import (
-    BreakerPolicy,
+    BreakerConfig,
     CountWindow,
     TimeWindow,
 )
@@ -55,7 +53,7 @@ from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
     RetryBudgetStatistics,
-    get_retry_budget,
+    retry_budget,
 )
 from resilient._timeout import (
     TimeoutScope,
@@ -79,8 +77,8 @@ from resilient.exceptions import (
 
 __all__ = [
     "Attempt",
+    "BreakerConfig",
     "BreakerPermit",
-    "BreakerPolicy",
     "BreakerState",
     "BreakerStatistics",
     "BreakerTransition",
@@ -123,12 +121,11 @@ __all__ = [
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
-    "get_bulkhead",
-    "get_retry_budget",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
     "retry",
+    "retry_budget",
     "retrying",
     "schedule",
     "set_breaker_defaults",
@@ -149,7 +146,7 @@ def _fix_module_names() -> None:
 _fix_module_names()
 
 
-def __getattr__(name: str) -> typing.Any:
+def __getattr__(name: str) -> str:
     if name == "__version__":
         import importlib.metadata  # noqa: PLC0415
 

@@ -23,7 +23,7 @@ from resilient.exceptions import ConfigError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from resilient._core._config_breaker import BreakerPolicy
+    from resilient._core._config_breaker import BreakerConfig
 
 
 _PROG: Final = "python -m resilient"
@@ -33,12 +33,12 @@ _PROG: Final = "python -m resilient"
 _OPTION_OF_FIELD: Final = {
     "Constant.seconds": "--base",
     "strategy": "--strategy",
-    "BreakerPolicy.failure_rate": "--breaker-failure-rate",
-    "BreakerPolicy.minimum_calls": "--breaker-minimum-calls",
+    "BreakerConfig.failure_rate": "--breaker-failure-rate",
+    "BreakerConfig.minimum_calls": "--breaker-minimum-calls",
     "TimeWindow.seconds": "--breaker-window",
-    "BreakerPolicy.open_interval": "--breaker-open-interval",
-    "BreakerPolicy.max_open_interval": "--breaker-open-interval",
-    "BreakerPolicy.half_open_probes": "--breaker-probes",
+    "BreakerConfig.open_interval": "--breaker-open-interval",
+    "BreakerConfig.max_open_interval": "--breaker-open-interval",
+    "BreakerConfig.half_open_probes": "--breaker-probes",
     "RetryBudgetConfig.ratio": "--retry-budget-ratio",
     "RetryBudgetConfig.min_per_second": "--retry-budget-min",
     "RetryBudgetConfig.window": "--retry-budget-window",
@@ -332,7 +332,7 @@ def _guard_options(p: argparse.ArgumentParser) -> None:
 
 def _guards(
     args: argparse.Namespace,
-) -> tuple[BreakerPolicy | None, RetryBudgetConfig | None]:
+) -> tuple[BreakerConfig | None, RetryBudgetConfig | None]:
     """
     The breaker and retry budget *args* ask for.
 

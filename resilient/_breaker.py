@@ -34,7 +34,7 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
 
 from resilient._core import _clock
-from resilient._core._config_breaker import BreakerPolicy, CountWindow
+from resilient._core._config_breaker import BreakerConfig, CountWindow
 from resilient._core._decorate import decorate, is_async_callable
 from resilient._core._telemetry import SCOPE, TELEMETRY
 from resilient.exceptions import CircuitOpen, ConfigError, ConfigTypeError
@@ -300,7 +300,7 @@ class _BreakerMachine:
     )
 
     def __init__(
-        self, config: BreakerPolicy, name: str = "", owner: Any = None
+        self, config: BreakerConfig, name: str = "", owner: Any = None
     ) -> None:
         self.config = config
         self.name = name
@@ -524,7 +524,7 @@ class BreakerPermit:
     def failure(self, exc: BaseException) -> None:
         """
         The call raised *exc*: a failure, a success or nothing, as the
-        breaker's `BreakerPolicy.failure_on` and *ignore_on* say.
+        breaker's `BreakerConfig.failure_on` and *ignore_on* say.
         Cancellation, `KeyboardInterrupt` and `SystemExit` never count.
         """
         self._breaker._settle(self, self._breaker._outcome(exc))  # noqa: SLF001
@@ -568,7 +568,7 @@ class CircuitBreaker:
 
     Args:
         name: The dependency's name.
-        config: How it decides; the defaults of `BreakerPolicy` if None.
+        config: How it decides; the defaults of `BreakerConfig` if None.
 
     .. versionadded:: 26.11.0
     """
@@ -584,13 +584,13 @@ class CircuitBreaker:
         "name",
     )
 
-    def __init__(self, name: str, config: BreakerPolicy | None = None) -> None:
+    def __init__(self, name: str, config: BreakerConfig | None = None) -> None:
         _check_name(name)
         if config is None:
-            config = BreakerPolicy()
-        elif not isinstance(config, BreakerPolicy):
+            config = BreakerConfig()
+        elif not isinstance(config, BreakerConfig):
             raise ConfigTypeError(
-                "breaker(config)", config, "must be a resilient.BreakerPolicy"
+                "breaker(config)", config, "must be a resilient.BreakerConfig"
             )
         self.name = name
         self.config = config
@@ -999,10 +999,10 @@ class _Registry:
         self._live: weakref.WeakValueDictionary[str, CircuitBreaker] = (
             weakref.WeakValueDictionary()
         )
-        self._defaults: dict[str | None, BreakerPolicy] = {}
+        self._defaults: dict[str | None, BreakerConfig] = {}
         self.max_size = max_size
 
-    def get(self, name: str, config: BreakerPolicy | None) -> CircuitBreaker:
+    def get(self, name: str, config: BreakerConfig | None) -> CircuitBreaker:
         with self._lock:
             cb = self._live.get(name)
             if cb is None:
@@ -1042,7 +1042,7 @@ class _Registry:
             ][:excess]:
                 del kept[name]
 
-    def set_default(self, config: BreakerPolicy, name: str | None) -> None:
+    def set_default(self, config: BreakerConfig, name: str | None) -> None:
         with self._lock:
             self._defaults[name] = config
 
@@ -1060,22 +1060,22 @@ class _Registry:
 
 
 def _check_config(config: object) -> None:
-    if not isinstance(config, BreakerPolicy):
+    if not isinstance(config, BreakerConfig):
         raise ConfigTypeError(
-            "breaker(config)", config, "must be a resilient.BreakerPolicy"
+            "breaker(config)", config, "must be a resilient.BreakerConfig"
         )
 
 
 _REGISTRY: Final = _Registry()
 
 
-def breaker(name: str, config: BreakerPolicy | None = None) -> CircuitBreaker:
+def breaker(name: str, config: BreakerConfig | None = None) -> CircuitBreaker:
     """
     The process-wide circuit breaker of the dependency *name*.
 
     The first call for a name makes the breaker, with *config*, or the
     defaults registered with `set_breaker_defaults` for that name, or for
-    every name, or `BreakerPolicy()`. Later calls return the same breaker;
+    every name, or `BreakerConfig()`. Later calls return the same breaker;
     asking with a *config* that differs from the one it has raises
     `ConfigError` (one name, one behaviour), and asking with None accepts
     whatever it has.
@@ -1091,7 +1091,7 @@ def breaker(name: str, config: BreakerPolicy | None = None) -> CircuitBreaker:
         ConfigError: *config* differs from the existing breaker's, or
             *name* is empty.
         ConfigTypeError: *name* is not a str or *config* is not a
-            `BreakerPolicy`.
+            `BreakerConfig`.
 
     Example:
         >>> import resilient
@@ -1114,7 +1114,7 @@ get_breaker: Final = breaker
 
 
 def set_breaker_defaults(
-    config: BreakerPolicy, *, name: str | None = None
+    config: BreakerConfig, *, name: str | None = None
 ) -> None:
     """
     Register the configuration breakers get when made without one.

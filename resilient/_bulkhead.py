@@ -595,7 +595,11 @@ def _slice(waiter: _Waiter, now: float, *, exact: bool) -> float:
     if not exact:
         return POLL_INTERVAL
     left = waiter.deadline - now
-    return left if left == math.inf else min(left, threading.TIMEOUT_MAX)
+    if left == math.inf:
+        return left
+    # The clock moves between the caller's reading and ours: never ask a
+    # lock for a negative wait (it raises ValueError).
+    return max(0.0, min(left, threading.TIMEOUT_MAX))
 
 
 def _new_gate() -> threading.Lock:

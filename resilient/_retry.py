@@ -93,6 +93,7 @@ class RetryMachine:
         clock: Clock,
         rng: random.Random,
         start: float,
+        *,
         deadline: float = math.inf,
         retry_budget: RetryBudget | None = None,
         breaker_wait: Callable[[], float] | None = None,
@@ -136,8 +137,8 @@ class RetryMachine:
         """
         The attempt raised *exc*: retry it or give up.
 
-        Only `Exception`s are ever retried; cancellation, `KeyboardInterrupt`
-        and `SystemExit` give up at once.
+        Only instances of `Exception` are retried; cancellation,
+        `KeyboardInterrupt` and `SystemExit` give up at once.
         """
         if isinstance(exc, CircuitOpen):
             return self._outwait(exc)
@@ -330,9 +331,9 @@ class _Call:
                 self.clock,
                 _state.rng,
                 self._start,
-                self._outer,
-                None if guards is None else guards.budget,
-                None
+                deadline=self._outer,
+                retry_budget=None if guards is None else guards.budget,
+                breaker_wait=None
                 if guards is None or guards.breaker is None
                 else guards.breaker.retry_after,
             )
@@ -349,6 +350,24 @@ class _Call:
             self._rec.attempt_started(self.attempt)
         self._token = _DEADLINE.set(self._deadline)
 
+    def suspend(self) -> None:
+        """Take the call's deadline back out of the context (block form:
+        the iterator hands the attempt over and the block may never run)."""
+        if self._token is not None:
+            _DEADLINE.reset(self._token)
+            self._token = None
+
+    def resume(self) -> None:
+        """Put the call's deadline back when the block starts."""
+        self._token = _DEADLINE.set(self._deadline)
+
+    def abandon(self) -> None:
+        """An attempt handed out and never entered: end its span."""
+        self.suspend()
+        if self._rec is not None:
+            self._rec.attempt_ended(None)
+        self.finish(None)
+
     def arm(self) -> float:
         """Make the attempt's own deadline current; returns it."""
         if self.policy.timeout is None:
@@ -362,7 +381,7 @@ class _Call:
         if self._arm_token is not None:
             _DEADLINE.reset(self._arm_token)
             self._arm_token = None
-        _DEADLINE.reset(self._token)
+        self.suspend()
         if self._rec is not None:
             self._rec.attempt_ended(exc)
 
@@ -686,6 +705,7 @@ class Attempt:
         if self._entered:
             raise RuntimeError("an Attempt can be entered only once")
         self._entered = True
+        self._call.resume()
         self._at = self._call.arm()
         if self._async:
             self._scope = self._call.cancel_scope(self._at)
@@ -796,6 +816,7 @@ class _Attempts:
             self._call = _Call(self._policy, self._guards)
             return None
         if not last._entered:  # noqa: SLF001
+            self._call.abandon()  # type: ignore[union-attr]
             raise RuntimeError(
                 "each attempt must be entered: `with attempt:` "
                 "(or `async with attempt:`)"
@@ -827,15 +848,19 @@ class _Attempts:
                     call.clock.sleep(step.delay)
             call.begin()
             if guards is None or not guards.admits:
+                call.suspend()
                 return self._new(None)
             try:
-                return self._new(guards.admit())
+                admission = guards.admit()
             except BaseException as exc:
                 decided = call.failed(exc)
                 if isinstance(decided, GiveUp):
                     _hook(self._policy.on_give_up, decided.event)
                     raise
                 step = decided
+            else:
+                call.suspend()
+                return self._new(admission)
 
     def __aiter__(self) -> AsyncIterator[Attempt]:
         return self
@@ -853,18 +878,22 @@ class _Attempts:
                 await _async_wait(call.clock, step.delay)
             call.begin()
             if guards is None or not guards.admits:
+                call.suspend()
                 return self._new(None)
             try:
-                return self._new(await guards.aadmit())
+                admission = await guards.aadmit()
             except BaseException as exc:
                 decided = call.failed(exc)
                 if isinstance(decided, GiveUp):
                     await _ahook(self._policy.on_give_up, decided.event)
                     raise
                 step = decided
+            else:
+                call.suspend()
+                return self._new(admission)
 
 
-class _Stop(Exception):  # noqa: N818
+class _Stop(Exception):
     """The loop is over (success, or a kept result)."""
 
 

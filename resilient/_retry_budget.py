@@ -73,7 +73,7 @@ class RetryBudgetStatistics:
 class RetryBudget:
     """
     The retry budget of one dependency, shared by every caller in the
-    process. Get one with `get_retry_budget`.
+    process. Get one with `resilient.retry_budget`.
 
     Retry calls `record_call` once per logical call (on its first attempt)
     and `try_acquire_retry` before every retry; when it returns False, the
@@ -229,7 +229,7 @@ class RetryBudget:
 def _check_config(config: object) -> RetryBudgetConfig | None:
     if config is not None and not isinstance(config, RetryBudgetConfig):
         raise ConfigTypeError(
-            "get_retry_budget(config)",
+            "retry_budget(config)",
             config,
             "must be a RetryBudgetConfig or None",
         )
@@ -245,7 +245,7 @@ RETRY_BUDGETS: Final[Registry[RetryBudget, RetryBudgetConfig]] = Registry(
 )
 
 
-def get_retry_budget(
+def retry_budget(
     name: str,
     config: RetryBudgetConfig | None = None,
     **knobs: Unpack[RetryBudgetKnobs],
@@ -266,7 +266,7 @@ def get_retry_budget(
     if knobs:
         if config is not None:
             raise TypeError(
-                "get_retry_budget() takes a config or keywords, not both"
+                "retry_budget() takes a config or keywords, not both"
             )
         config = RetryBudgetConfig(**knobs)
     return RETRY_BUDGETS.get(name, _check_config(config))
@@ -294,3 +294,7 @@ def _refused(name: str) -> None:
         )
         _cache[:] = [(base, counter)]
     _cache[0][1].add(1, {"resilient.policy": name})
+
+
+get_retry_budget: Final = retry_budget
+"""The registry lookup, under the name the pipeline uses."""

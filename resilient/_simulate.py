@@ -57,7 +57,7 @@ from resilient._core._backoff import (
     Exponential,
     FullJitter,
 )
-from resilient._core._config_breaker import BreakerPolicy, TimeWindow
+from resilient._core._config_breaker import BreakerConfig, TimeWindow
 from resilient._core._decisions import GiveUp
 from resilient._core._policy import Policy
 from resilient._core._validate import (
@@ -145,7 +145,7 @@ def strategy_of(backoff: Backoff) -> str | None:
     return None
 
 
-# The simulated breaker differs from `BreakerPolicy()` in its timings: the
+# The simulated breaker differs from `BreakerConfig()` in its timings: the
 # library's 60 s window and 30 s open interval are made for outages of
 # minutes; against a 5 s outage and 30 s call budgets, a breaker open for
 # 30 s would outlast every call. The thresholds are the library's.
@@ -163,11 +163,11 @@ def make_breaker(
     window: float = BREAKER_WINDOW,
     open_interval: float = BREAKER_OPEN_INTERVAL,
     half_open_probes: int = BREAKER_PROBES,
-) -> BreakerPolicy:
+) -> BreakerConfig:
     """
     The circuit breaker the CLI's ``--breaker`` options describe.
 
-    A `BreakerPolicy` over a `TimeWindow` of *window* seconds; the fields
+    A `BreakerConfig` over a `TimeWindow` of *window* seconds; the fields
     not named here keep the library's defaults.
 
     Args:
@@ -182,10 +182,10 @@ def make_breaker(
 
     Raises:
         resilient.ConfigError: A bad value, named after the field that
-            refused it (``BreakerPolicy.open_interval``,
+            refused it (``BreakerConfig.open_interval``,
             ``TimeWindow.seconds``...).
     """
-    return BreakerPolicy(
+    return BreakerConfig(
         window=TimeWindow(window),
         failure_rate=failure_rate,
         minimum_calls=minimum_calls,
@@ -194,7 +194,7 @@ def make_breaker(
     )
 
 
-def _cli_breaker(breaker: BreakerPolicy) -> bool:
+def _cli_breaker(breaker: BreakerConfig) -> bool:
     """Whether the CLI's options can express *breaker*."""
     window = breaker.window
     return isinstance(window, TimeWindow) and breaker == make_breaker(
@@ -213,7 +213,7 @@ def make_policy(
     cap: float = 5.0,
     attempts: int | None = DEFAULT_ATTEMPTS,
     budget: float | None = DEFAULT_BUDGET,
-    breaker: BreakerPolicy | None = None,
+    breaker: BreakerConfig | None = None,
     retry_budget: RetryBudgetConfig | None = None,
 ) -> Policy:
     """

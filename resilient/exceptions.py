@@ -99,7 +99,7 @@ class BulkheadFull(ResilientError):
         )
 
 
-class CircuitOpen(ResilientError):  # noqa: N818
+class CircuitOpen(ResilientError):
     """
     A circuit breaker rejected a call without running it.
 

@@ -29,7 +29,7 @@ from opentelemetry import trace as otel_trace
 import resilient
 import resilient.testing
 from resilient import (
-    BreakerPolicy,
+    BreakerConfig,
     BreakerState,
     BreakerTransition,
     CircuitBreaker,
@@ -67,7 +67,7 @@ def fresh_registry() -> Iterator[None]:
     _REGISTRY.max_size = 1024
 
 
-def small(**changes: Any) -> BreakerPolicy:
+def small(**changes: Any) -> BreakerConfig:
     """A breaker that opens on 2 failures of the last 4 calls."""
     base: dict[str, Any] = {
         "window": CountWindow(4),
@@ -77,7 +77,7 @@ def small(**changes: Any) -> BreakerPolicy:
         "probe_timeout": 5.0,
     }
     base.update(changes)
-    return BreakerPolicy(**base)
+    return BreakerConfig(**base)
 
 
 def machine(**changes: Any) -> _BreakerMachine:
@@ -147,7 +147,7 @@ class TestConfig:
         """The defaults are the documented ones: a 60 s time window, half
         of at least 5 calls failing, 30 s open, 3 probes, 10 s probe
         timeout, every Exception a failure, slow calls not tracked."""
-        c = BreakerPolicy()
+        c = BreakerConfig()
         assert c.window == TimeWindow(60.0)
         assert c.failure_rate == 0.5
         assert c.minimum_calls == 5
@@ -181,88 +181,88 @@ class TestConfig:
     @pytest.mark.parametrize(
         ("changes", "field", "error"),
         [
-            ({"window": 60}, "BreakerPolicy.window", ConfigTypeError),
-            ({"failure_rate": 0.0}, "BreakerPolicy.failure_rate", ConfigError),
-            ({"failure_rate": 1.5}, "BreakerPolicy.failure_rate", ConfigError),
+            ({"window": 60}, "BreakerConfig.window", ConfigTypeError),
+            ({"failure_rate": 0.0}, "BreakerConfig.failure_rate", ConfigError),
+            ({"failure_rate": 1.5}, "BreakerConfig.failure_rate", ConfigError),
             (
                 {"failure_rate": math.nan},
-                "BreakerPolicy.failure_rate",
+                "BreakerConfig.failure_rate",
                 ConfigError,
             ),
             (
                 {"failure_rate": "half"},
-                "BreakerPolicy.failure_rate",
+                "BreakerConfig.failure_rate",
                 ConfigTypeError,
             ),
-            ({"minimum_calls": 0}, "BreakerPolicy.minimum_calls", ConfigError),
+            ({"minimum_calls": 0}, "BreakerConfig.minimum_calls", ConfigError),
             (
                 {"minimum_calls": True},
-                "BreakerPolicy.minimum_calls",
+                "BreakerConfig.minimum_calls",
                 ConfigTypeError,
             ),
             (
                 {"slow_call_duration": -1.0},
-                "BreakerPolicy.slow_call_duration",
+                "BreakerConfig.slow_call_duration",
                 ConfigError,
             ),
             (
                 {"slow_call_rate": 0.0},
-                "BreakerPolicy.slow_call_rate",
+                "BreakerConfig.slow_call_rate",
                 ConfigError,
             ),
             (
                 {"open_interval": 0.0},
-                "BreakerPolicy.open_interval",
+                "BreakerConfig.open_interval",
                 ConfigError,
             ),
             (
                 {"open_interval": math.inf},
-                "BreakerPolicy.open_interval",
+                "BreakerConfig.open_interval",
                 ConfigError,
             ),
             (
                 {"open_interval_growth": 0.5},
-                "BreakerPolicy.open_interval_growth",
+                "BreakerConfig.open_interval_growth",
                 ConfigError,
             ),
             (
                 {"max_open_interval": 10.0},
-                "BreakerPolicy.max_open_interval",
+                "BreakerConfig.max_open_interval",
                 ConfigError,
             ),
             (
                 {"half_open_probes": 0},
-                "BreakerPolicy.half_open_probes",
+                "BreakerConfig.half_open_probes",
                 ConfigError,
             ),
             (
                 {"probe_timeout": None},
-                "BreakerPolicy.probe_timeout",
+                "BreakerConfig.probe_timeout",
                 ConfigTypeError,
             ),
             (
                 {"failure_on": "boom"},
-                "BreakerPolicy.failure_on",
+                "BreakerConfig.failure_on",
                 ConfigTypeError,
             ),
             (
                 {"failure_on": (int,)},
-                "BreakerPolicy.failure_on",
+                "BreakerConfig.failure_on",
                 ConfigTypeError,
             ),
             (
                 {"failure_on": KeyboardInterrupt},
-                "BreakerPolicy.failure_on",
+                "BreakerConfig.failure_on",
                 ConfigError,
             ),
             (
                 {"ignore_on": lambda e: True},
-                "BreakerPolicy.ignore_on",
+                "BreakerConfig.ignore_on",
                 ConfigTypeError,
             ),
             (
                 {"window": CountWindow(3), "minimum_calls": 4},
-                "BreakerPolicy.minimum_calls",
+                "BreakerConfig.minimum_calls",
                 ConfigError,
             ),
         ],
@@ -272,7 +272,7 @@ class TestConfig:
     ) -> None:
         """A bad value is refused at construction, naming field and value."""
         with pytest.raises(error) as info:
-            BreakerPolicy(**changes)
+            BreakerConfig(**changes)
         assert info.type is error
         assert info.value.field == field  # type: ignore[attr-defined]
         shown = str(info.value)
@@ -299,7 +299,7 @@ class TestConfig:
     def test_conversions(self) -> None:
         """Durations take timedelta and ints; one exception class or a list
         stands for a tuple."""
-        c = BreakerPolicy(
+        c = BreakerConfig(
             window=TimeWindow(dt.timedelta(minutes=2)),
             open_interval=dt.timedelta(seconds=45),
             max_open_interval=600,
@@ -314,7 +314,7 @@ class TestConfig:
 
     def test_frozen_and_evolve(self) -> None:
         """A config is frozen; evolve makes a validated copy."""
-        c = BreakerPolicy()
+        c = BreakerConfig()
         with pytest.raises(attrs.exceptions.FrozenInstanceError):
             c.open_interval = 1.0  # type: ignore[misc]
         assert c.evolve(open_interval=5).open_interval == 5.0
@@ -335,7 +335,7 @@ class TestConfig:
     def test_verdict_by_classes(self, exc: Any, verdict: str) -> None:
         """failure_on classes fail, ignore_on and non-Exceptions are
         ignored, anything else counts as a success."""
-        c = BreakerPolicy(failure_on=OSError, ignore_on=KeyError)
+        c = BreakerConfig(failure_on=OSError, ignore_on=KeyError)
         if callable(exc) and not isinstance(exc, BaseException):
             import asyncio
 
@@ -357,7 +357,7 @@ class TestConfig:
             def __init__(self, status: int) -> None:
                 self.status = status
 
-        c = BreakerPolicy(failure_on=is_5xx)
+        c = BreakerConfig(failure_on=is_5xx)
         assert c.verdict(HTTPError(503)) == "failure"
         assert c.verdict(HTTPError(404)) == "success"
         with caplog.at_level(logging.ERROR, logger="resilient"):
@@ -962,7 +962,7 @@ class TestRegistry:
         a = resilient.breaker("db")
         assert resilient.breaker("db") is a
         assert get_breaker("db") is a
-        assert resilient.breaker("db", BreakerPolicy()) is a
+        assert resilient.breaker("db", BreakerConfig()) is a
         assert resilient.breaker("other") is not a
         assert repr(a) == "<CircuitBreaker 'db' closed>"
 
@@ -971,14 +971,14 @@ class TestRegistry:
         resilient.breaker("db", small())
         assert resilient.breaker("db", small()).config == small()
         with pytest.raises(ConfigError, match=r"breaker\('db'\)\.config"):
-            resilient.breaker("db", BreakerPolicy())
+            resilient.breaker("db", BreakerConfig())
 
     @pytest.mark.parametrize(
         ("name", "config", "error", "match"),
         [
             (3, None, ConfigTypeError, "breaker.name."),
             ("  ", None, ConfigError, "must not be empty"),
-            ("x", {"open_interval": 1}, ConfigTypeError, "BreakerPolicy"),
+            ("x", {"open_interval": 1}, ConfigTypeError, "BreakerConfig"),
         ],
     )
     def test_bad_arguments(
@@ -992,7 +992,7 @@ class TestRegistry:
 
     def test_registered_defaults(self) -> None:
         """Breakers made without a config take the name's defaults, then
-        the global ones, then BreakerPolicy(); existing ones keep theirs."""
+        the global ones, then BreakerConfig(); existing ones keep theirs."""
         early = resilient.breaker("early")
         resilient.set_breaker_defaults(small())
         resilient.set_breaker_defaults(
@@ -1000,7 +1000,7 @@ class TestRegistry:
         )
         assert resilient.breaker("payments").config.open_interval == 99.0
         assert resilient.breaker("search").config == small()
-        assert early.config == BreakerPolicy()
+        assert early.config == BreakerConfig()
         with pytest.raises(ConfigTypeError):
             resilient.set_breaker_defaults("x")  # type: ignore[arg-type]
         with pytest.raises(ConfigError):
@@ -1082,7 +1082,7 @@ class TestThreads:
         totals always match its contents."""
         cb = resilient.breaker(
             "hammer",
-            BreakerPolicy(
+            BreakerConfig(
                 window=CountWindow(50), minimum_calls=50, failure_rate=1.0
             ),
         )

@@ -30,7 +30,7 @@ from hypothesis.stateful import (
 
 import resilient.testing
 from resilient import (
-    BreakerPolicy,
+    BreakerConfig,
     BreakerState,
     CircuitBreaker,
     CircuitOpen,
@@ -41,7 +41,7 @@ from resilient._breaker import BreakerPermit
 
 
 @st.composite
-def configs(draw: st.DrawFn) -> BreakerPolicy:
+def configs(draw: st.DrawFn) -> BreakerConfig:
     """Small breakers that open, probe and close often."""
     if draw(st.booleans()):
         size = draw(st.integers(1, 6))
@@ -51,7 +51,7 @@ def configs(draw: st.DrawFn) -> BreakerPolicy:
         window = TimeWindow(draw(st.sampled_from([1.0, 10.0, 60.0])))
         minimum = draw(st.integers(1, 6))
     interval = draw(st.sampled_from([1.0, 5.0, 30.0]))
-    return BreakerPolicy(
+    return BreakerConfig(
         window=window,
         minimum_calls=minimum,
         failure_rate=draw(st.sampled_from([0.2, 0.5, 1.0])),
@@ -97,7 +97,7 @@ class BreakerStates(RuleBasedStateMachine):
         return self.cb
 
     @initialize(config=configs())
-    def make(self, config: BreakerPolicy) -> None:
+    def make(self, config: BreakerConfig) -> None:
         self.cb = CircuitBreaker("stateful", config)
         self.cb.add_listener(self._heard)
 
@@ -258,7 +258,7 @@ def test_probe_after_a_stuck_one(jump: float) -> None:
     with resilient.testing.use_clock(clock):
         cb = CircuitBreaker(
             "stuck",
-            BreakerPolicy(
+            BreakerConfig(
                 window=CountWindow(1),
                 minimum_calls=1,
                 open_interval=5.0,

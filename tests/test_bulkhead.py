@@ -16,6 +16,7 @@ few real milliseconds, so a test advances the clock and the waiter notices.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import random
 import threading
 import time
@@ -1151,3 +1152,19 @@ MachineModel.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None
 )
 TestMachineModel = MachineModel.TestCase
+
+
+def test_wait_slice_never_negative() -> None:
+    """
+    A waiter whose deadline passed between two clock readings is asked to
+    block for 0 s, never a negative time (which a lock refuses with
+    ValueError: found by the stress test under coverage's slowdown).
+    """
+    from resilient._bulkhead import _slice, _Waiter
+
+    waiter = _Waiter(lambda: None, since=0.0, deadline=1.0, reason="timeout")
+    assert _slice(waiter, 1.5, exact=True) == 0.0
+    assert _slice(waiter, 0.25, exact=True) == 0.75
+    assert _slice(waiter, 5.0, exact=False) > 0
+    forever = _Waiter(lambda: None, 0.0, math.inf, "timeout")
+    assert _slice(forever, 3.0, exact=True) == math.inf

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import itertools
 import threading
-
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import resilient
-
 from resilient import Constant, Policy
 from resilient._breaker import breaker as get_breaker
 from resilient._bulkhead import get_bulkhead
-from resilient._core._config_breaker import BreakerPolicy, CountWindow
+from resilient._core._config_breaker import BreakerConfig, CountWindow
 from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient.exceptions import BulkheadFull, CircuitOpen
@@ -34,9 +33,9 @@ def fresh(prefix: str) -> str:
     return f"{prefix}-{next(_names)}"
 
 
-def tripping_breaker(open_interval: float = 10.0) -> BreakerPolicy:
+def tripping_breaker(open_interval: float = 10.0) -> BreakerConfig:
     """A breaker that opens after 2 failures of the last 2 calls."""
-    return BreakerPolicy(
+    return BreakerConfig(
         window=CountWindow(size=2),
         minimum_calls=2,
         failure_rate=1.0,
@@ -135,7 +134,7 @@ class TestBreakerStage:
         policy = Policy(
             name=fresh("ignored"),
             attempts=1,
-            breaker=BreakerPolicy(
+            breaker=BreakerConfig(
                 window=CountWindow(size=2),
                 minimum_calls=2,
                 failure_rate=1.0,
@@ -206,7 +205,6 @@ class TestBreakerStage:
         assert get_breaker(slow.name).state.value == "open"
         assert get_breaker(budget_only.name).state.value == "closed"
 
-
     def test_rejections_are_not_attempts(
         self, driver: Driver, clock: Any
     ) -> None:
@@ -244,7 +242,7 @@ class TestBreakerStage:
         self, driver: Driver, clock: Any
     ) -> None:
         """A forced-open breaker cannot be outwaited: no wait, no call."""
-        policy = Policy(name=fresh("forced"), breaker=BreakerPolicy())
+        policy = Policy(name=fresh("forced"), breaker=BreakerConfig())
         body, calls = failing(0)
         fn = driver.fn(body)
         wrapped = policy(fn)
@@ -299,8 +297,8 @@ class TestBulkheadStage:
             nonlocal inside, peak
             inside += 1
             peak = max(peak, inside)
-            await anyio.sleep(0)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
             inside -= 1
 
         async def main() -> None:
@@ -364,7 +362,7 @@ class TestConcurrency:
         policy = Policy(
             name=name,
             attempts=1,
-            breaker=BreakerPolicy(),
+            breaker=BreakerConfig(),
             bulkhead=BulkheadConfig(max_concurrent=32, max_waiting=0),
         )
 
@@ -395,7 +393,7 @@ class TestConcurrency:
             name=name,
             attempts=1,
             budget=None,
-            breaker=BreakerPolicy(
+            breaker=BreakerConfig(
                 window=CountWindow(size=50),
                 minimum_calls=20,
                 failure_rate=0.6,

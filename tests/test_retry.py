@@ -750,6 +750,21 @@ class TestDecoration:
         assert "retrying(Policy(" in repr(resilient.retrying(Policy()))
         assert attempt.remaining() > 0
 
+    def test_block_form_leaves_no_deadline_behind(self, clock: Any) -> None:
+        """Misuse, a break, or a give-up leave the context as it was."""
+        policy = Policy(budget=5.0)
+        with pytest.raises(RuntimeError):
+            for _ in resilient.retrying(policy):
+                pass
+        assert resilient.remaining() == math.inf
+        for _ in resilient.retrying(policy):
+            break
+        assert resilient.remaining() == math.inf
+        for attempt in resilient.retrying(policy):
+            with attempt:
+                assert resilient.remaining() == 5.0
+        assert resilient.remaining() == math.inf
+
     def test_retrying_is_reusable(self, clock: Any) -> None:
         """One Retrying object serves many loops."""
         loop = resilient.retrying(Policy(backoff=Constant(seconds=1)))

@@ -287,7 +287,7 @@ class TestRegistry:
 
     def test_bad_config_type(self) -> None:
         """A config that is not a RetryBudgetConfig is refused."""
-        with pytest.raises(ConfigTypeError, match="get_retry_budget"):
+        with pytest.raises(ConfigTypeError, match="retry_budget"):
             get_retry_budget("dep", 0.2)  # type: ignore[arg-type]
 
     def test_bounded(self, monkeypatch: pytest.MonkeyPatch) -> None:

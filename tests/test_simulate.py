@@ -1018,13 +1018,13 @@ class TestGuardConfig:
     def test_make_breaker(self) -> None:
         """
         The simulator's breaker: a 10 s time window and a 1 s open
-        interval, the library's thresholds; the rest as `BreakerPolicy`.
+        interval, the library's thresholds; the rest as `BreakerConfig`.
         """
         b = sim.make_breaker()
         assert b.window == resilient.TimeWindow(10.0)
         assert (b.failure_rate, b.minimum_calls) == (0.5, 5)
         assert (b.open_interval, b.half_open_probes) == (1.0, 3)
-        assert b.probe_timeout == resilient.BreakerPolicy().probe_timeout
+        assert b.probe_timeout == resilient.BreakerConfig().probe_timeout
 
     def test_command_round_trips_with_every_guard(self) -> None:
         """
@@ -1058,13 +1058,13 @@ class TestGuardConfig:
     @pytest.mark.parametrize(
         "breaker",
         [
-            resilient.BreakerPolicy(window=resilient.CountWindow(50)),
+            resilient.BreakerConfig(window=resilient.CountWindow(50)),
             sim.make_breaker().evolve(probe_timeout=3.0),
         ],
         ids=["count-window", "probe-timeout"],
     )
     def test_a_breaker_the_cli_cannot_express(
-        self, breaker: resilient.BreakerPolicy
+        self, breaker: resilient.BreakerConfig
     ) -> None:
         """A breaker with settings the options do not reach has no command."""
         config = sim.SimulationConfig(policy=sim.make_policy(breaker=breaker))
@@ -1106,7 +1106,7 @@ class TestGuardRendering:
     def test_a_breaker_on_a_count_window_is_described(self) -> None:
         """The header describes a count window in calls."""
         policy = sim.make_policy(
-            breaker=resilient.BreakerPolicy(window=resilient.CountWindow(50))
+            breaker=resilient.BreakerConfig(window=resilient.CountWindow(50))
         )
         result = sim.simulate(sim.SimulationConfig(clients=10, policy=policy))
         assert "in 50 calls" in sim.render_header(result)
@@ -1194,13 +1194,13 @@ class TestGuardCommandLine:
         [
             (
                 ["--breaker", "--breaker-failure-rate=1.5"],
-                "argument --breaker-failure-rate: BreakerPolicy.failure_rate",
+                "argument --breaker-failure-rate: BreakerConfig.failure_rate",
             ),
             (
                 ["--breaker", "--breaker-minimum-calls=0"],
                 (
                     "argument --breaker-minimum-calls: "
-                    "BreakerPolicy.minimum_calls"
+                    "BreakerConfig.minimum_calls"
                 ),
             ),
             (
@@ -1211,19 +1211,19 @@ class TestGuardCommandLine:
                 ["--breaker", "--breaker-open-interval=-1"],
                 (
                     "argument --breaker-open-interval: "
-                    "BreakerPolicy.open_interval"
+                    "BreakerConfig.open_interval"
                 ),
             ),
             (
                 ["--breaker", "--breaker-open-interval=400"],
                 (
                     "argument --breaker-open-interval: "
-                    "BreakerPolicy.max_open_interval"
+                    "BreakerConfig.max_open_interval"
                 ),
             ),
             (
                 ["--breaker", "--breaker-probes=0"],
-                "argument --breaker-probes: BreakerPolicy.half_open_probes",
+                "argument --breaker-probes: BreakerConfig.half_open_probes",
             ),
             (
                 ["--breaker", "--breaker-probes=x"],

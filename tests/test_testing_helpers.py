@@ -309,11 +309,11 @@ def test_reset_registries_forgets_shared_state() -> None:
     cb = resilient.breaker("reset-me")
     cb.force_open()
     bh = resilient.bulkhead("reset-me")
-    rb = resilient.get_retry_budget("reset-me")
+    rb = resilient.retry_budget("reset-me")
     resilient.testing.reset_registries()
     fresh = resilient.breaker("reset-me")
     assert fresh is not cb
     assert fresh.state.value == "closed"
     assert cb.state.value == "forced_open"
     assert resilient.bulkhead("reset-me") is not bh
-    assert resilient.get_retry_budget("reset-me") is not rb
+    assert resilient.retry_budget("reset-me") is not rb

@@ -40,7 +40,7 @@ log: Final = logging.getLogger("resilient")
 FailureOn = (
     type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
 )
-"""What `BreakerPolicy.failure_on` accepts."""
+"""What `BreakerConfig.failure_on` accepts."""
 
 Verdict = Literal["failure", "success", "ignore"]
 """How a breaker counts an exception."""
@@ -160,7 +160,7 @@ def _check_ignore_on(
 
 @final
 @attrs.frozen(kw_only=True)
-class BreakerPolicy:
+class BreakerConfig:
     """
     How a circuit breaker decides: its window, thresholds and timings.
 
@@ -244,9 +244,9 @@ class BreakerPolicy:
     def __attrs_post_init__(self) -> None:
         if self.max_open_interval < self.open_interval:
             raise ConfigError(
-                "BreakerPolicy.max_open_interval",
+                "BreakerConfig.max_open_interval",
                 self.max_open_interval,
-                f"must be >= BreakerPolicy.open_interval "
+                f"must be >= BreakerConfig.open_interval "
                 f"({self.open_interval:g})",
             )
         window = self.window
@@ -254,7 +254,7 @@ class BreakerPolicy:
             self.minimum_calls
         ):
             raise ConfigError(
-                "BreakerPolicy.minimum_calls",
+                "BreakerConfig.minimum_calls",
                 self.minimum_calls,
                 f"must be <= the CountWindow size ({window.size}), "
                 "or the breaker could never open",
@@ -285,20 +285,20 @@ class BreakerPolicy:
             failed = True
         return "failure" if failed else "success"
 
-    def evolve(self, **changes: Unpack[BreakerPolicyChanges]) -> BreakerPolicy:
+    def evolve(self, **changes: Unpack[BreakerConfigChanges]) -> BreakerConfig:
         """
         A copy with *changes* applied and validated again.
 
         Example:
             >>> import resilient
-            >>> resilient.BreakerPolicy().evolve(open_interval=5).open_interval
+            >>> resilient.BreakerConfig().evolve(open_interval=5).open_interval
             5.0
         """
         return attrs.evolve(self, **changes)
 
 
-class BreakerPolicyChanges(TypedDict, total=False):
-    """The keyword arguments `BreakerPolicy.evolve` takes, typed."""
+class BreakerConfigChanges(TypedDict, total=False):
+    """The keyword arguments `BreakerConfig.evolve` takes, typed."""
 
     window: CountWindow | TimeWindow
     failure_rate: float
@@ -314,4 +314,4 @@ class BreakerPolicyChanges(TypedDict, total=False):
     ignore_on: type[Exception] | tuple[type[Exception], ...]
 
 
-__all__ = ["BreakerPolicy", "CountWindow", "TimeWindow"]
+__all__ = ["BreakerConfig", "CountWindow", "TimeWindow"]

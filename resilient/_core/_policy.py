@@ -22,7 +22,7 @@ from typing import (
 import attrs
 
 from resilient._core._backoff import FullJitter
-from resilient._core._config_breaker import BreakerPolicy
+from resilient._core._config_breaker import BreakerConfig
 from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._hints import default_retry_after
@@ -240,8 +240,8 @@ class Policy:
     on_give_up: Hook | AsyncHook | None = attrs.field(
         default=None, validator=_check_hook
     )
-    breaker: BreakerPolicy | None = attrs.field(
-        default=None, validator=_instance_or_none(BreakerPolicy)
+    breaker: BreakerConfig | None = attrs.field(
+        default=None, validator=_instance_or_none(BreakerConfig)
     )
     bulkhead: BulkheadConfig | None = attrs.field(
         default=None, validator=_instance_or_none(BulkheadConfig)
@@ -325,7 +325,7 @@ class PolicyChanges(TypedDict, total=False):
     max_retry_after: float | dt.timedelta
     before_sleep: Hook | AsyncHook | None
     on_give_up: Hook | AsyncHook | None
-    breaker: BreakerPolicy | None
+    breaker: BreakerConfig | None
     bulkhead: BulkheadConfig | None
     retry_budget: RetryBudgetConfig | None
 

@@ -217,7 +217,7 @@ assert_type(payments_breaker, resilient.CircuitBreaker)
 assert_type(payments_breaker.state, resilient.BreakerState)
 assert_type(payments_breaker.retry_after(), float)
 assert_type(payments_breaker.statistics(), resilient.BreakerStatistics)
-resilient.breaker("payments", resilient.BreakerPolicy())
+resilient.breaker("payments", resilient.BreakerConfig())
 resilient.breaker("payments", resilient.Policy())  # type: ignore[arg-type]
 
 
@@ -272,14 +272,14 @@ with resilient.timeout(dt.timedelta(seconds=2)) as tscope:
 assert_type(resilient.timeout_at(None), resilient.TimeoutScope)
 resilient.timeout("2")  # type: ignore[arg-type]
 
-budget = resilient.get_retry_budget("payments")
+budget = resilient.retry_budget("payments")
 assert_type(budget, resilient.RetryBudget)
 assert_type(budget.try_acquire_retry(), bool)
 assert_type(budget.statistics(), resilient.RetryBudgetStatistics)
 
 assert_type(
     policy.evolve(
-        breaker=resilient.BreakerPolicy(),
+        breaker=resilient.BreakerConfig(),
         bulkhead=resilient.BulkheadConfig(max_concurrent=5),
         retry_budget=resilient.RetryBudgetConfig(),
     ),

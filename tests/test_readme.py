@@ -1,0 +1,45 @@
+"""
+The README's examples run as written: every ``python`` block, in order, in
+one namespace (testing mode on, so the retries wait no real time).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+import resilient.testing
+
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def blocks() -> list[str]:
+    """The README's python code blocks."""
+    text = README.read_text(encoding="utf-8")
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
+
+
+def test_readme_has_examples() -> None:
+    """The tour is there (so the test below cannot pass vacuously)."""
+    assert len(blocks()) >= 8
+
+
+def test_readme_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every example runs, and what it prints is what the comments say."""
+    namespace: dict[str, object] = {"__name__": "readme"}
+    with resilient.testing.set_testing(True):
+        for block in blocks():
+            exec(compile(block, str(README), "exec"), namespace)  # noqa: S102
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == (
+        "resilient: gave up on 'payments' after 2 attempts in 0.000s "
+        "(attempts)"
+    )
+    assert out[1] == "BreakerState.CLOSED"
+    assert out[2] == "True"
+    assert re.fullmatch(r"\d{1,8}[HMSmun]", out[3])
+    assert out[4].startswith("(")
+    assert out[4].count(",") == 2
