@@ -22,7 +22,7 @@ from resilient._core import _clock, _state
 from resilient._core._decisions import GiveUp, Retry, RetryEvent
 from resilient._core._decorate import decorate
 from resilient._core._policy import Policy
-from resilient._core._telemetry import recorder
+from resilient._core._telemetry import disabled, recorder
 from resilient.exceptions import (
     CircuitOpen,
     ConfigTypeError,
@@ -305,12 +305,20 @@ class _Call:
         "policy",
     )
 
-    def __init__(self, policy: Policy, guards: Guards | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        guards: Guards | None = None,
+        start: float | None = None,
+        outer: float | None = None,
+    ) -> None:
         self.policy = policy
         self.guards = guards
         clock = self.clock = _clock._clock  # noqa: SLF001
-        start = self._start = clock.now()
-        outer = self._outer = _DEADLINE.get()
+        if start is None or outer is None:
+            start, outer = clock.now(), _DEADLINE.get()
+        self._start = start
+        self._outer = outer
         budget = policy.budget
         self._deadline = (
             outer if budget is None else min(outer, start + budget)
@@ -492,6 +500,29 @@ def _timed_out(at: float) -> DeadlineExceeded:
 # `await`, the cancel scope and how they wait.
 
 
+def _plain(policy: Policy, guards: Guards | None) -> bool:
+    """Whether a first attempt needs none of the loop's machinery."""
+    return (
+        guards is None
+        and policy.timeout is None
+        and policy.retry_if_result is None
+        and disabled()
+    )
+
+
+@final
+class _Resume:
+    """A first attempt that failed and will be retried: the loop goes on
+    from here (a private type, so no call's result can be mistaken for
+    it)."""
+
+    __slots__ = ("call", "step")
+
+    def __init__(self, call: _Call, step: Retry) -> None:
+        self.call = call
+        self.step = step
+
+
 def _call_sync(
     policy: Policy,
     guards: Guards | None,
@@ -499,8 +530,52 @@ def _call_sync(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    call = _Call(policy, guards)
+    if not _plain(policy, guards):
+        return _loop_sync(_Call(policy, guards), None, fn, args, kwargs)
+    first = _bare_sync(policy, fn, args, kwargs)
+    if type(first) is _Resume:
+        return _loop_sync(first.call, first.step, fn, args, kwargs)
+    return first
+
+
+def _bare_sync(
+    policy: Policy,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """
+    Most calls succeed at once: run the first attempt bare, with only the
+    call's deadline in the context, and build the loop's state only when it
+    fails.
+    """
+    start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
+    budget = policy.budget
+    token = _DEADLINE.set(
+        outer if budget is None else min(outer, start + budget)
+    )
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - _failed_sync re-raises it
+        call = _Call(policy, None, start, outer)
+        return _Resume(call, _failed_sync(call, exc))
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _loop_sync(
+    call: _Call,
+    step: Retry | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    policy, guards = call.policy, call.guards
     while True:
+        if step is not None:
+            _hook(policy.before_sleep, step.event)
+            if step.delay > 0:
+                call.clock.sleep(step.delay)
         call.begin()
         try:
             if guards is None or not guards.admits:
@@ -508,11 +583,8 @@ def _call_sync(
                 result = fn(*args, **kwargs)
             else:
                 result = guards.call(call, fn, args, kwargs)
-        except BaseException as exc:
-            step = call.failed(exc)
-            if isinstance(step, GiveUp):
-                _hook(policy.on_give_up, step.event)
-                raise
+        except BaseException as exc:  # noqa: BLE001 - re-raised on give-up
+            step = _failed_sync(call, exc)
         else:
             outcome = call.returned(result)
             if not isinstance(outcome, Retry):
@@ -520,9 +592,24 @@ def _call_sync(
                     _hook(policy.on_give_up, outcome.event)
                 return result
             step = outcome
-        _hook(policy.before_sleep, step.event)
-        if step.delay > 0:
-            call.clock.sleep(step.delay)
+
+
+def _failed_sync(call: _Call, exc: BaseException) -> Retry:
+    """Decide on a failed attempt; on a give-up, hook and re-raise."""
+    decided = call.failed(exc)
+    if isinstance(decided, GiveUp):
+        _hook(call.policy.on_give_up, decided.event)
+        raise exc
+    return decided
+
+
+async def _failed_async(call: _Call, exc: BaseException) -> Retry:
+    """Decide on a failed attempt; on a give-up, hook and re-raise."""
+    decided = call.failed(exc)
+    if isinstance(decided, GiveUp):
+        await _ahook(call.policy.on_give_up, decided.event)
+        raise exc
+    return decided
 
 
 async def _call_async(
@@ -532,20 +619,44 @@ async def _call_async(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    call = _Call(policy, guards)
+    # The bare first attempt of the sync shell, when no deadline needs a
+    # cancel scope.
+    if (
+        policy.budget is not None
+        or not _plain(policy, guards)
+        or _DEADLINE.get() != math.inf
+    ):
+        return await _loop_async(_Call(policy, guards), None, fn, args, kwargs)
+    start = _clock._clock.now()  # noqa: SLF001
+    try:
+        return await fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - _failed_async re-raises it
+        call = _Call(policy, None, start, math.inf)
+        step = await _failed_async(call, exc)
+    return await _loop_async(call, step, fn, args, kwargs)
+
+
+async def _loop_async(
+    call: _Call,
+    step: Retry | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    policy, guards = call.policy, call.guards
     attempt = functools.partial(_attempt, call, fn, args, kwargs)
     while True:
+        if step is not None:
+            await _ahook(policy.before_sleep, step.event)
+            await _async_wait(call.clock, step.delay)
         call.begin()
         try:
             if guards is None or not guards.admits:
                 result = await attempt()
             else:
                 result = await guards.acall(call, attempt)
-        except BaseException as exc:
-            step = call.failed(exc)
-            if isinstance(step, GiveUp):
-                await _ahook(policy.on_give_up, step.event)
-                raise
+        except BaseException as exc:  # noqa: BLE001 - re-raised on give-up
+            step = await _failed_async(call, exc)
         else:
             outcome = call.returned(result)
             if not isinstance(outcome, Retry):
@@ -553,8 +664,6 @@ async def _call_async(
                     await _ahook(policy.on_give_up, outcome.event)
                 return result
             step = outcome
-        await _ahook(policy.before_sleep, step.event)
-        await _async_wait(call.clock, step.delay)
 
 
 async def _attempt(

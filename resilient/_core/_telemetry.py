@@ -137,10 +137,13 @@ def configure_telemetry(
 _metrics_internal = otel_metrics._internal  # noqa: SLF001
 
 
-def recorder(policy: str) -> CallRecorder | None:
-    """A recorder for one call, or None when no telemetry is configured."""
+def disabled() -> bool:
+    """
+    Whether no telemetry is configured anywhere: a handful of attribute
+    reads, so the shells can skip telemetry entirely on their fast path.
+    """
     t = TELEMETRY
-    if (
+    return (
         t.tracer is None
         and t.instruments is None
         and t.tracer_provider is None
@@ -148,9 +151,14 @@ def recorder(policy: str) -> CallRecorder | None:
         and otel_trace._TRACER_PROVIDER is None  # noqa: SLF001
         and _metrics_internal._METER_PROVIDER is None  # noqa: SLF001
         and t.checked_env
-    ):
-        # The fast path: nothing configured anywhere, a handful of reads.
+    )
+
+
+def recorder(policy: str) -> CallRecorder | None:
+    """A recorder for one call, or None when no telemetry is configured."""
+    if disabled():
         return None
+    t = TELEMETRY
     tracer, instruments = (
         (t.tracer, t.instruments)
         if t.tracer is not None and t.instruments is not None
