@@ -371,17 +371,23 @@ class _BreakerMachine:
                 del self.probes[permit.probe]  # Released, not counted.
             return None
         if self.state is _CLOSED:
-            code = outcome | (_SLOW if duration >= self._slow else 0)
-            w = self.window
-            w.add(code, now)
-            calls = w.calls
-            if calls >= self._min_calls:
-                if w.failures >= calls * self._fail_rate:
-                    return self._trip("failure_rate", now)
-                if w.slow >= calls * self._slow_rate:
-                    return self._trip("slow_call_rate", now)
-            return None
+            return self.record_closed(outcome, duration, now)
         return self._probe_ended(permit, outcome, duration, now)
+
+    def record_closed(
+        self, outcome: int, duration: float, now: float
+    ) -> BreakerTransition | None:
+        """Count an outcome (not `IGNORE`) of a call made while closed."""
+        code = outcome | (_SLOW if duration >= self._slow else 0)
+        w = self.window
+        w.add(code, now)
+        calls = w.calls
+        if calls >= self._min_calls:
+            if w.failures >= calls * self._fail_rate:
+                return self._trip("failure_rate", now)
+            if w.slow >= calls * self._slow_rate:
+                return self._trip("slow_call_rate", now)
+        return None
 
     def _probe_ended(
         self,
@@ -745,6 +751,24 @@ class CircuitBreaker:
         finally:
             lock.release()
 
+    def _settle_closed(self, epoch: int, start: float, outcome: int) -> None:
+        """Count a call admitted while closed at *epoch* (no permit)."""
+        if outcome == IGNORE:
+            return
+        now = _clock._clock.now()  # noqa: SLF001
+        lock = self._lock
+        lock.acquire()
+        try:
+            m = self._m
+            if epoch != m.epoch:
+                return  # The state changed meanwhile: a stale call.
+            m.record_closed(outcome, now - start, now)
+            events = self._drain() if m.outbox else None
+        finally:
+            lock.release()
+        if events:
+            self._notify(events)
+
     def _settle(self, permit: BreakerPermit, outcome: int) -> None:
         events = self._record(permit, outcome)
         if events:
@@ -814,6 +838,18 @@ class CircuitBreaker:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
+        m = self._m
+        epoch = m.epoch  # Read before the state, as in acquire().
+        if m.state is _CLOSED:
+            # The decorator's closed path needs no permit object.
+            start = _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
+            try:
+                result = fn(*args, **kwargs)
+            except BaseException as exc:
+                self._settle_closed(epoch, start, self._outcome(exc))
+                raise
+            self._settle_closed(epoch, start, SUCCESS)
+            return result
         permit = self.acquire()
         try:
             result = fn(*args, **kwargs)
