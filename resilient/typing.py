@@ -44,6 +44,9 @@ class Backoff(Protocol):
     A backoff strategy: how long to wait before a retry.
 
     Implement `delay` to write your own; it must be pure but for *rng*.
+    A strategy may also have a ``cap`` attribute (seconds, its largest
+    delay): retry then spreads its waits for an open circuit breaker over
+    that window too, as it does for the built-in jittered strategies.
     """
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
