@@ -36,7 +36,7 @@ from opentelemetry import trace as otel_trace
 from resilient._core import _clock
 from resilient._core._config_breaker import BreakerConfig, CountWindow
 from resilient._core._decorate import decorate, is_async_callable
-from resilient._core._telemetry import SCOPE, TELEMETRY
+from resilient._core._telemetry import SCOPE, TELEMETRY, disabled
 from resilient.exceptions import CircuitOpen, ConfigError, ConfigTypeError
 
 
@@ -997,6 +997,8 @@ def _report_transition(event: BreakerTransition) -> None:
 
 
 def _report_rejection(name: str, reject: Reject) -> None:
+    if disabled():
+        return  # No SDK anywhere: nothing would record the event.
     labels = {
         "resilient.breaker": name,
         "resilient.breaker.state": reject.state.value,

@@ -114,17 +114,21 @@ class CircuitOpen(ResilientError):
     def __init__(
         self, name: str, retry_after: float, state: str = "open"
     ) -> None:
+        # The message is built in __str__: a rejection is a hot path, and
+        # most are caught without ever being shown.
+        super().__init__(name, retry_after, state)
         self.name = name
         self.retry_after = retry_after
         self.state = state
+
+    def __str__(self) -> str:
         when = (
             "until it is reset"
-            if retry_after == float("inf")
-            else f"next probe in {retry_after:.3f} s"
+            if self.retry_after == float("inf")
+            else f"next probe in {self.retry_after:.3f} s"
         )
-        super().__init__(
-            f"circuit breaker {name!r} is {state.replace('_', '-')}; {when}"
-        )
+        state = self.state.replace("_", "-")
+        return f"circuit breaker {self.name!r} is {state}; {when}"
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.name, self.retry_after, self.state))
