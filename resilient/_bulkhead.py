@@ -17,6 +17,7 @@ the next waiter, or frees it: a permit is never lost.
 
 from __future__ import annotations
 
+import contextlib
 import collections
 import contextvars
 import math
@@ -46,6 +47,7 @@ from resilient._core._clock import MonotonicClock
 from resilient._core._config_bulkhead import BulkheadConfig, BulkheadKnobs
 from resilient._core._decorate import decorate
 from resilient._core._telemetry import SCOPE, TELEMETRY
+from resilient._timeout import check_scope, wake_on_cancel
 from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
 
 
@@ -422,16 +424,21 @@ class Bulkhead:
         clock = _clock.get_clock()
         seconds, reason = self._wait_limit(timeout)
         gate = _new_gate()
-        waiter = m.enqueue(clock.now(), seconds, reason, gate.release)
+        wake = _opener(gate)
+        waiter = m.enqueue(clock.now(), seconds, reason, wake)
         if waiter is None:
             return BulkheadPermit(m)
         if isinstance(waiter, str):
             raise self._reject(waiter, 0.0)
         exact = type(clock) is MonotonicClock
         try:
-            while (done := m.settle(waiter, clock.now())) is False:
-                wait = _slice(waiter, clock.now(), exact=exact)
-                gate.acquire(True, -1 if wait == math.inf else wait)
+            # A `resilient.timeout` scope cancelled from another thread
+            # opens the gate too; the waiter then leaves the queue.
+            with wake_on_cancel(wake):
+                while (done := m.settle(waiter, clock.now())) is False:
+                    check_scope()
+                    wait = _slice(waiter, clock.now(), exact=exact)
+                    gate.acquire(True, -1 if wait == math.inf else wait)
         except BaseException:
             m.abandon(waiter)
             raise
@@ -600,6 +607,16 @@ def _slice(waiter: _Waiter, now: float, *, exact: bool) -> float:
     # The clock moves between the caller's reading and ours: never ask a
     # lock for a negative wait (it raises ValueError).
     return max(0.0, min(left, threading.TIMEOUT_MAX))
+
+
+def _opener(gate: threading.Lock) -> Callable[[], None]:
+    """Open *gate* at most once, whoever asks first (a grant, a cancel)."""
+
+    def open_gate() -> None:
+        with contextlib.suppress(RuntimeError):  # Already open.
+            gate.release()
+
+    return open_gate
 
 
 def _new_gate() -> threading.Lock:

@@ -1168,3 +1168,39 @@ def test_wait_slice_never_negative() -> None:
     assert _slice(waiter, 5.0, exact=False) > 0
     forever = _Waiter(lambda: None, 0.0, math.inf, "timeout")
     assert _slice(forever, 3.0, exact=True) == math.inf
+
+
+def test_cancelled_scope_wakes_a_waiting_thread() -> None:
+    """
+    A thread queued for a full bulkhead inside a `resilient.timeout` scope
+    leaves the queue at once when another thread cancels the scope; the
+    scope ends quietly and the bulkhead counts it as cancelled.
+    """
+    bh = bulkhead("wake", max_concurrent=1, max_waiting=5, max_wait=None)
+    held = bh.acquire_nowait()
+    scopes: list[resilient.TimeoutScope] = []
+    entered = threading.Event()
+    outcome: list[str] = []
+
+    def waiter() -> None:
+        with resilient.timeout(60) as scope:
+            scopes.append(scope)
+            entered.set()
+            with bh.acquire():
+                outcome.append("granted")
+        outcome.append("left" if scope.cancelled_caught else "timed out")
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    assert entered.wait(5)
+    while bh.statistics().waiting == 0:  # until it is queued
+        time.sleep(0.001)
+    started = time.monotonic()
+    scopes[0].cancel()
+    t.join(5)
+    assert not t.is_alive()
+    assert time.monotonic() - started < 2.0
+    assert outcome == ["left"]
+    stats = bh.statistics()
+    assert (stats.waiting, stats.in_use, stats.cancelled) == (0, 1, 1)
+    held.release()
