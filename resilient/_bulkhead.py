@@ -17,8 +17,8 @@ the next waiter, or frees it: a permit is never lost.
 
 from __future__ import annotations
 
-import contextlib
 import collections
+import contextlib
 import contextvars
 import math
 import threading
