@@ -751,23 +751,35 @@ class CircuitBreaker:
         finally:
             lock.release()
 
-    def _settle_closed(self, epoch: int, start: float, outcome: int) -> None:
+    def _record_closed(
+        self, epoch: int, start: float, outcome: int
+    ) -> list[BreakerTransition] | None:
         """Count a call admitted while closed at *epoch* (no permit)."""
         if outcome == IGNORE:
-            return
+            return None
         now = _clock._clock.now()  # noqa: SLF001
         lock = self._lock
         lock.acquire()
         try:
             m = self._m
             if epoch != m.epoch:
-                return  # The state changed meanwhile: a stale call.
+                return None  # The state changed meanwhile: a stale call.
             m.record_closed(outcome, now - start, now)
-            events = self._drain() if m.outbox else None
+            return self._drain() if m.outbox else None
         finally:
             lock.release()
+
+    def _settle_closed(self, epoch: int, start: float, outcome: int) -> None:
+        events = self._record_closed(epoch, start, outcome)
         if events:
             self._notify(events)
+
+    async def _asettle_closed(
+        self, epoch: int, start: float, outcome: int
+    ) -> None:
+        events = self._record_closed(epoch, start, outcome)
+        if events:
+            await self._anotify(events)
 
     def _settle(self, permit: BreakerPermit, outcome: int) -> None:
         events = self._record(permit, outcome)
@@ -867,7 +879,23 @@ class CircuitBreaker:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Any:
-        permit = self._closed_permit() or await self.aacquire()
+        m = self._m
+        epoch = m.epoch
+        if m.state is _CLOSED:
+            # As in `_call`: the closed path needs no permit object.
+            start = _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:
+                outcome = self._outcome(exc)
+                if isinstance(exc, Exception):
+                    await self._asettle_closed(epoch, start, outcome)
+                else:
+                    self._settle_closed(epoch, start, outcome)
+                raise
+            await self._asettle_closed(epoch, start, SUCCESS)
+            return result
+        permit = await self.aacquire()
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:

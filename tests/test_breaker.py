@@ -1166,3 +1166,76 @@ def test_docs_examples_run(clock: Any) -> None:
     )
     assert result.attempted > 0
     assert result.failed == 0
+
+
+class TestDecoratorClosedPath:
+    """The decorator's closed path takes no permit object; it must still
+    count exactly what a permit would."""
+
+    def test_a_call_that_outlives_a_state_change_is_not_counted(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """A call admitted while closed and ended after a reset (a new
+        epoch) counts for nothing, failure or success."""
+        cb = resilient.breaker("stale", small())
+
+        def body() -> None:
+            cb.force_open()  # two state changes while the call runs:
+            cb.reset()  # a new epoch, an empty window
+            raise ConnectionError
+
+        for _ in range(3):
+            with pytest.raises(ConnectionError):
+                driver.call(cb, body)
+        stats = cb.statistics()
+        assert stats.state is BreakerState.CLOSED
+        assert (stats.calls, stats.failures) == (0, 0)
+
+    def test_failures_through_the_decorator_open_it(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """Failures counted on the closed path open the breaker, and a
+        failed probe through the decorator opens it again."""
+        cb = resilient.breaker("opens", small())
+        for _ in range(2):
+            with pytest.raises(ConnectionError):
+                driver.call(cb, fail_with(ConnectionError()))
+        assert cb.state is BreakerState.OPEN
+        clock.advance(10.0)
+        with pytest.raises(ConnectionError):
+            driver.call(cb, fail_with(ConnectionError()))
+        assert cb.state is BreakerState.OPEN
+
+    def test_cancellation_on_the_closed_path_is_not_counted(
+        self, anyio_backend: str
+    ) -> None:
+        """A cancelled call through the async decorator counts nothing."""
+        cb = resilient.breaker("cancelled", small())
+
+        @cb
+        async def body() -> None:
+            await anyio.sleep(30)
+
+        async def main() -> None:
+            for _ in range(3):
+                with anyio.move_on_after(0.001):
+                    await body()
+
+        anyio.run(main, backend=anyio_backend)
+        assert cb.statistics().calls == 0
+
+    def test_rejection_with_a_tracer_only_outside_spans(
+        self, clock: Any
+    ) -> None:
+        """With a tracer but no meter, and no span recording, a rejection
+        still raises CircuitOpen and records nothing."""
+        from opentelemetry.sdk.trace import TracerProvider
+
+        resilient.configure_telemetry(tracer_provider=TracerProvider())
+        try:
+            cb = resilient.breaker("quiet", small())
+            cb.force_open()
+            with pytest.raises(resilient.CircuitOpen, match="forced-open"):
+                cb(ok)()
+        finally:
+            resilient.configure_telemetry()

@@ -298,3 +298,11 @@ def test_no_hint_gives_none(exc: Exception) -> None:
 def test_is_the_policy_default() -> None:
     """Policies read hints with `default_retry_after` unless told not to."""
     assert resilient.Policy().retry_after is default_retry_after
+
+
+def test_hint_set_on_a_builtin_exception_instance() -> None:
+    """A hint attached to a plain built-in exception is still read."""
+    exc = ConnectionError("throttled")
+    exc.retry_after = 4  # type: ignore[attr-defined]
+    assert default_retry_after(exc) == 4.0
+    assert default_retry_after(ConnectionError("plain")) is None

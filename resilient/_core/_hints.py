@@ -93,6 +93,8 @@ def default_retry_after(exc: Exception) -> float | None:
 
     .. versionadded:: 26.11.0
     """
+    if type(exc).__module__ == "builtins" and not exc.__dict__:
+        return None  # A plain built-in exception carries no hint (fast).
     hint = getattr(exc, "retry_after", None)
     if hint is None:
         hint = _header(getattr(exc, "headers", None))
