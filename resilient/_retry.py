@@ -695,6 +695,28 @@ def _guards(policy: Policy) -> Guards | None:
     return Guards.of(policy)
 
 
+def call_through(
+    policy: Policy,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """`Policy.call`: one call through the sync shell."""
+    if policy.has_async_hooks:
+        _refuse_async_hooks(policy)(fn)
+    return _call_sync(policy, _guards(policy), fn, args, kwargs)
+
+
+async def acall_through(
+    policy: Policy,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """`Policy.acall`: one call through the async shell."""
+    return await _call_async(policy, _guards(policy), fn, args, kwargs)
+
+
 def _refuse_async_hooks(
     policy: Policy,
 ) -> Callable[[Callable[..., Any]], None]:

@@ -798,3 +798,39 @@ class TestMachine:
         assert step2.reason == "budget"
         assert machine.on_result("x") is None
         assert machine.attempt_deadline() == 5.0
+
+
+class TestCallThrough:
+    def test_call_and_acall(self, driver: Driver, clock: Any) -> None:
+        """Policy.call / acall run one call through the policy, with its
+        arguments, retrying like the decorator."""
+        policy = Policy(backoff=Constant(seconds=0.5))
+        body, calls = failing(2)
+
+        def sync_body(x: int, *, y: int) -> str:
+            return f"{body()}{x + y}"
+
+        if driver.is_async:
+
+            async def abody(x: int, *, y: int) -> str:
+                await anyio.lowlevel.checkpoint()
+                return sync_body(x, y=y)
+
+            async def main() -> str:
+                return await policy.acall(abody, 1, y=2)
+
+            result = anyio.run(main, backend=driver.kind)
+        else:
+            result = policy.call(sync_body, 1, y=2)
+        assert result == "ok3"
+        assert len(calls) == 3
+        assert clock.sleeps == [0.5, 0.5]
+
+    def test_call_refuses_async_hooks(self) -> None:
+        """A sync call-through cannot await async hooks."""
+
+        async def hook(event: resilient.RetryEvent) -> None:
+            pass
+
+        with pytest.raises(resilient.ConfigTypeError, match="async"):
+            Policy(before_sleep=hook).call(lambda: None)

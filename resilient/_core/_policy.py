@@ -8,7 +8,7 @@ bulkheads, retry budgets) live in registries keyed by the policy's name.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -285,6 +285,44 @@ class Policy:
         from resilient._retry import retry  # noqa: PLC0415
 
         return retry(self)(fn)
+
+    def call(
+        self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs
+    ) -> _T:
+        """
+        Call *fn* once through the whole policy, without decorating it.
+
+        For a call site that is not worth a decorator: ``payments.call(
+        client.post, url, json=body)``. Same semantics as ``@policy``.
+
+        Example:
+            >>> import resilient
+            >>> resilient.Policy(name="math").call(divmod, 7, 2)
+            (3, 1)
+
+        .. versionadded:: 26.11.0
+        """
+        from resilient._retry import call_through  # noqa: PLC0415
+
+        return call_through(self, fn, args, kwargs)  # type: ignore[no-any-return]
+
+    async def acall(
+        self,
+        fn: Callable[_P, Awaitable[_T]],
+        /,
+        *args: _P.args,
+        **kwargs: _P.kwargs,
+    ) -> _T:
+        """
+        Await ``fn(*args, **kwargs)`` once through the whole policy.
+
+        The async twin of `call`: ``await payments.acall(client.post, url)``.
+
+        .. versionadded:: 26.11.0
+        """
+        from resilient._retry import acall_through  # noqa: PLC0415
+
+        return await acall_through(self, fn, args, kwargs)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         shown = []

@@ -299,3 +299,19 @@ except DeadlineExceeded as exc:
     assert_type(exc.deadline, float)
 
 version: str = resilient.__version__
+
+
+def _call_through() -> None:
+    policy = resilient.Policy()
+
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    async def aadd(x: int, y: int) -> int:
+        return x + y
+
+    assert_type(policy.call(add, 1, 2), int)
+    policy.call(add, 1, "2")  # type: ignore[arg-type]
+
+    async def main() -> None:
+        assert_type(await policy.acall(aadd, 1, 2), int)
