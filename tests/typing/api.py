@@ -307,11 +307,11 @@ def _call_through() -> None:
     def add(x: int, y: int) -> int:
         return x + y
 
-    async def aadd(x: int, y: int) -> int:
+    async def add_async(x: int, y: int) -> int:
         return x + y
 
     assert_type(policy.call(add, 1, 2), int)
     policy.call(add, 1, "2")  # type: ignore[arg-type]
 
     async def main() -> None:
-        assert_type(await policy.acall(aadd, 1, 2), int)
+        assert_type(await policy.acall(add_async, 1, 2), int)
