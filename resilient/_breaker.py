@@ -713,6 +713,18 @@ class CircuitBreaker:
             raise self._rejected(got)
         return got
 
+    def _closed_ticket(self) -> tuple[int, float] | None:
+        """
+        The epoch and start time of a call admitted while closed, without
+        a permit object or the lock (see above); None if not closed.
+        Settle it with `_settle_closed` / `_asettle_closed`.
+        """
+        m = self._m
+        epoch = m.epoch
+        if m.state is _CLOSED:
+            return epoch, _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
+        return None
+
     def _closed_permit(self) -> BreakerPermit | None:
         """A permit, without the lock, if closed (see above); else None."""
         m = self._m

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
 import anyio
 import anyio.lowlevel
 
+from resilient._breaker import IGNORE, SUCCESS
 from resilient._core import _clock, _state
 from resilient._core._decisions import GiveUp, Retry, RetryEvent
 from resilient._core._decorate import decorate
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
     from types import TracebackType
 
+    from resilient._breaker import CircuitBreaker
     from resilient._core._telemetry import CallRecorder
     from resilient._pipeline import Guards, _Admission
     from resilient._retry_budget import RetryBudget
@@ -500,12 +502,19 @@ def _timed_out(at: float) -> DeadlineExceeded:
 # `await`, the cancel scope and how they wait.
 
 
-def _plain(policy: Policy, guards: Guards | None) -> bool:
-    """Whether a first attempt needs none of the loop's machinery."""
+def _bare_ok(policy: Policy, guards: Guards | None) -> bool:
+    """
+    Whether a first attempt can run bare: no attempt timeout, no result
+    predicate, no telemetry, and of the guards at most a breaker (whose
+    closed path needs no permit).
+    """
     return (
-        guards is None
-        and policy.timeout is None
+        policy.timeout is None
         and policy.retry_if_result is None
+        and (
+            guards is None
+            or (guards.bulkhead is None and guards.budget is None)
+        )
         and disabled()
     )
 
@@ -523,6 +532,19 @@ class _Resume:
         self.step = step
 
 
+# The breaker was not closed: the first attempt takes the full path.
+_NOT_BARE: Final = object()
+
+
+def _verdict(exc: BaseException, cb: CircuitBreaker) -> int:
+    """How a bare attempt's exception counts for its breaker: with no
+    attempt timeout, a deadline that ran out is the caller's, not the
+    dependency's."""
+    if isinstance(exc, DeadlineExceeded):
+        return IGNORE
+    return cb._outcome(exc)  # noqa: SLF001
+
+
 def _call_sync(
     policy: Policy,
     guards: Guards | None,
@@ -530,37 +552,50 @@ def _call_sync(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    if not _plain(policy, guards):
-        return _loop_sync(_Call(policy, guards), None, fn, args, kwargs)
-    first = _bare_sync(policy, fn, args, kwargs)
-    if type(first) is _Resume:
-        return _loop_sync(first.call, first.step, fn, args, kwargs)
-    return first
+    if _bare_ok(policy, guards):
+        first = _bare_sync(policy, guards, fn, args, kwargs)
+        if type(first) is _Resume:
+            return _loop_sync(first.call, first.step, fn, args, kwargs)
+        if first is not _NOT_BARE:
+            return first
+    return _loop_sync(_Call(policy, guards), None, fn, args, kwargs)
 
 
 def _bare_sync(
     policy: Policy,
+    guards: Guards | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     """
     Most calls succeed at once: run the first attempt bare, with only the
-    call's deadline in the context, and build the loop's state only when it
-    fails.
+    call's deadline in the context (and a closed breaker's count), and
+    build the loop's state only when it fails.
     """
+    cb = None if guards is None else guards.breaker
+    ticket = None if cb is None else cb._closed_ticket()  # noqa: SLF001
+    if cb is not None and ticket is None:
+        return _NOT_BARE
     start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
     budget = policy.budget
     token = _DEADLINE.set(
         outer if budget is None else min(outer, start + budget)
     )
     try:
-        return fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - _failed_sync re-raises it
-        call = _Call(policy, None, start, outer)
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        if cb is not None and ticket is not None:
+            cb._settle_closed(*ticket, _verdict(exc, cb))  # noqa: SLF001
+        if not isinstance(exc, Exception):
+            raise
+        call = _Call(policy, guards, start, outer)
         return _Resume(call, _failed_sync(call, exc))
     finally:
         _DEADLINE.reset(token)
+    if cb is not None and ticket is not None:
+        cb._settle_closed(*ticket, SUCCESS)  # noqa: SLF001
+    return result
 
 
 def _loop_sync(
@@ -622,18 +657,48 @@ async def _call_async(
     # The bare first attempt of the sync shell, when no deadline needs a
     # cancel scope.
     if (
-        policy.budget is not None
-        or not _plain(policy, guards)
-        or _DEADLINE.get() != math.inf
+        policy.budget is None
+        and _bare_ok(policy, guards)
+        and _DEADLINE.get() == math.inf
     ):
-        return await _loop_async(_Call(policy, guards), None, fn, args, kwargs)
+        first = await _bare_async(policy, guards, fn, args, kwargs)
+        if type(first) is _Resume:
+            return await _loop_async(first.call, first.step, fn, args, kwargs)
+        if first is not _NOT_BARE:
+            return first
+    return await _loop_async(_Call(policy, guards), None, fn, args, kwargs)
+
+
+async def _bare_async(
+    policy: Policy,
+    guards: Guards | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """`_bare_sync` for coroutines (no deadline is in force here)."""
+    cb = None if guards is None else guards.breaker
+    ticket = None if cb is None else cb._closed_ticket()  # noqa: SLF001
+    if cb is not None and ticket is None:
+        return _NOT_BARE
     start = _clock._clock.now()  # noqa: SLF001
     try:
-        return await fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - _failed_async re-raises it
-        call = _Call(policy, None, start, math.inf)
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        if cb is not None and ticket is not None:
+            verdict = _verdict(exc, cb)
+            if isinstance(exc, Exception):
+                await cb._asettle_closed(*ticket, verdict)  # noqa: SLF001
+            else:
+                cb._settle_closed(*ticket, verdict)  # noqa: SLF001
+        if not isinstance(exc, Exception):
+            raise
+        call = _Call(policy, guards, start, math.inf)
         step = await _failed_async(call, exc)
-    return await _loop_async(call, step, fn, args, kwargs)
+        return _Resume(call, step)
+    if cb is not None and ticket is not None:
+        await cb._asettle_closed(*ticket, SUCCESS)  # noqa: SLF001
+    return result
 
 
 async def _loop_async(

@@ -127,6 +127,38 @@ class TestBreakerStage:
         assert first == 1.0
         assert 8.0 <= wait <= 15.0
 
+    def test_block_form_outwaits_a_rejection(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """
+        In the block form a breaker already open when the loop starts
+        rejects in the iterator; the iterator waits it out and hands over an
+        attempt that is admitted as the probe.
+        """
+        policy = Policy(
+            name=fresh("block-open"),
+            attempts=3,
+            budget=60,
+            backoff=Constant(seconds=0),
+            breaker=tripping_breaker(open_interval=5),
+        )
+        opener = policy.evolve(attempts=1)
+        for _ in range(2):
+            with pytest.raises(ConnectionError):
+                driver.call(opener, failing(1)[0])
+        assert get_breaker(policy.name).state.value == "open"
+        numbers: list[int] = []
+
+        def block(attempt: resilient.Attempt) -> str:
+            numbers.append(attempt.number)
+            return "probe ok"
+
+        assert driver.block(policy, block) == "probe ok"
+        assert numbers == [1]  # the rejection was not an attempt
+        (wait,) = clock.sleeps
+        assert 5.0 <= wait <= 10.0
+        assert get_breaker(policy.name).state.value == "closed"
+
     def test_non_failures_not_counted(
         self, driver: Driver, clock: Any
     ) -> None:
@@ -252,6 +284,62 @@ class TestBreakerStage:
         assert calls == []
         assert clock.sleeps == []
         assert "(breaker open)" in info.value.__notes__[0]
+
+
+class TestBareFirstAttempt:
+    """A policy whose only guard is a closed breaker runs its first
+    attempt without the loop's machinery; it must count the same."""
+
+    def policy(self, name: str, **changes: Any) -> Policy:
+        return Policy(
+            name=fresh(name),
+            budget=None,
+            backoff=Constant(seconds=0),
+            breaker=BreakerConfig(
+                window=CountWindow(size=10), minimum_calls=5
+            ),
+            **changes,
+        )
+
+    def test_success_and_failure_are_counted(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """A first-attempt success counts once; a failure then a success
+        count twice, one of them failed."""
+        policy = self.policy("bare")
+        assert driver.call(policy, lambda: "ok") == "ok"
+        stats = get_breaker(policy.name).statistics()
+        assert (stats.calls, stats.failures) == (1, 0)
+        body, calls = failing(1)
+        assert driver.call(policy, body) == "ok"
+        stats = get_breaker(policy.name).statistics()
+        assert (stats.calls, stats.failures) == (3, 1)
+
+    def test_an_open_breaker_takes_the_full_path(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """With the breaker forced open the call is rejected, untouched."""
+        policy = self.policy("bare-open")
+        fn = policy(driver.fn(lambda: "never"))
+        get_breaker(policy.name).force_open()
+        with pytest.raises(CircuitOpen):
+            driver.run(fn)
+
+    def test_a_callers_deadline_is_not_the_dependencys_failure(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """A DeadlineExceeded from the call (the caller's own deadline,
+        no attempt timeout) is not counted against the dependency."""
+        policy = self.policy("bare-deadline", retry_on=())
+
+        def body() -> None:
+            raise resilient.DeadlineExceeded(0.0)
+
+        for _ in range(3):
+            with pytest.raises(resilient.DeadlineExceeded):
+                driver.call(policy, body)
+        stats = get_breaker(policy.name).statistics()
+        assert (stats.calls, stats.state.value) == (0, "closed")
 
 
 class TestBulkheadStage:
