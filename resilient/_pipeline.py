@@ -46,7 +46,7 @@ class Guards:
     function (not per call: a registry lookup compares configurations).
     """
 
-    __slots__ = ("breaker", "budget", "bulkhead")
+    __slots__ = ("breaker", "breaker_only", "budget", "bulkhead")
 
     def __init__(self, policy: Policy) -> None:
         self.breaker: CircuitBreaker | None = (
@@ -64,6 +64,13 @@ class Guards:
             if policy.retry_budget is None
             else get_retry_budget(policy.name, policy.retry_budget)
         )
+        self.breaker_only = (
+            self.breaker is not None
+            and self.bulkhead is None
+            and self.budget is None
+        )
+        """Whether the only guard is a breaker (a bare first attempt is
+        possible while it is closed)."""
 
     @classmethod
     def of(cls, policy: Policy) -> Guards | None:

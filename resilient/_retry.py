@@ -502,19 +502,15 @@ def _timed_out(at: float) -> DeadlineExceeded:
 # `await`, the cancel scope and how they wait.
 
 
-def _bare_ok(policy: Policy, guards: Guards | None) -> bool:
+def _bare_ok(policy: Policy) -> bool:
     """
     Whether a first attempt can run bare: no attempt timeout, no result
-    predicate, no telemetry, and of the guards at most a breaker (whose
-    closed path needs no permit).
+    predicate, no telemetry. (Of the guards, only a closed breaker keeps
+    it bare.)
     """
     return (
         policy.timeout is None
         and policy.retry_if_result is None
-        and (
-            guards is None
-            or (guards.bulkhead is None and guards.budget is None)
-        )
         and disabled()
     )
 
@@ -552,8 +548,13 @@ def _call_sync(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    if _bare_ok(policy, guards):
-        first = _bare_sync(policy, guards, fn, args, kwargs)
+    if _bare_ok(policy):
+        if guards is None:
+            first = _bare_sync(policy, fn, args, kwargs)
+        elif guards.breaker_only:
+            first = _bare_breaker_sync(policy, guards, fn, args, kwargs)
+        else:
+            first = _NOT_BARE
         if type(first) is _Resume:
             return _loop_sync(first.call, first.step, fn, args, kwargs)
         if first is not _NOT_BARE:
@@ -563,19 +564,41 @@ def _call_sync(
 
 def _bare_sync(
     policy: Policy,
-    guards: Guards | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     """
     Most calls succeed at once: run the first attempt bare, with only the
-    call's deadline in the context (and a closed breaker's count), and
-    build the loop's state only when it fails.
+    call's deadline in the context, and build the loop's state only when it
+    fails.
     """
-    cb = None if guards is None else guards.breaker
-    ticket = None if cb is None else cb._closed_ticket()  # noqa: SLF001
-    if cb is not None and ticket is None:
+    start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
+    budget = policy.budget
+    token = _DEADLINE.set(
+        outer if budget is None else min(outer, start + budget)
+    )
+    try:
+        return fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - _failed_sync re-raises it
+        call = _Call(policy, None, start, outer)
+        return _Resume(call, _failed_sync(call, exc))
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _bare_breaker_sync(
+    policy: Policy,
+    guards: Guards,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """`_bare_sync` through a closed breaker: counted without a permit."""
+    cb = guards.breaker
+    assert cb is not None  # noqa: S101 - breaker_only says so
+    ticket = cb._closed_ticket()  # noqa: SLF001
+    if ticket is None:
         return _NOT_BARE
     start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
     budget = policy.budget
@@ -585,16 +608,14 @@ def _bare_sync(
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        if cb is not None and ticket is not None:
-            cb._settle_closed(*ticket, _verdict(exc, cb))  # noqa: SLF001
+        cb._settle_closed(*ticket, _verdict(exc, cb))  # noqa: SLF001
         if not isinstance(exc, Exception):
             raise
         call = _Call(policy, guards, start, outer)
         return _Resume(call, _failed_sync(call, exc))
     finally:
         _DEADLINE.reset(token)
-    if cb is not None and ticket is not None:
-        cb._settle_closed(*ticket, SUCCESS)  # noqa: SLF001
+    cb._settle_closed(*ticket, SUCCESS)  # noqa: SLF001
     return result
 
 
@@ -658,10 +679,15 @@ async def _call_async(
     # cancel scope.
     if (
         policy.budget is None
-        and _bare_ok(policy, guards)
+        and _bare_ok(policy)
         and _DEADLINE.get() == math.inf
     ):
-        first = await _bare_async(policy, guards, fn, args, kwargs)
+        if guards is None:
+            first = await _bare_async(policy, fn, args, kwargs)
+        elif guards.breaker_only:
+            first = await _bare_breaker_async(policy, guards, fn, args, kwargs)
+        else:
+            first = _NOT_BARE
         if type(first) is _Resume:
             return await _loop_async(first.call, first.step, fn, args, kwargs)
         if first is not _NOT_BARE:
@@ -671,33 +697,44 @@ async def _call_async(
 
 async def _bare_async(
     policy: Policy,
-    guards: Guards | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     """`_bare_sync` for coroutines (no deadline is in force here)."""
-    cb = None if guards is None else guards.breaker
-    ticket = None if cb is None else cb._closed_ticket()  # noqa: SLF001
-    if cb is not None and ticket is None:
+    start = _clock._clock.now()  # noqa: SLF001
+    try:
+        return await fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - _failed_async re-raises it
+        call = _Call(policy, None, start, math.inf)
+        return _Resume(call, await _failed_async(call, exc))
+
+
+async def _bare_breaker_async(
+    policy: Policy,
+    guards: Guards,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """`_bare_async` through a closed breaker: counted without a permit."""
+    cb = guards.breaker
+    assert cb is not None  # noqa: S101 - breaker_only says so
+    ticket = cb._closed_ticket()  # noqa: SLF001
+    if ticket is None:
         return _NOT_BARE
     start = _clock._clock.now()  # noqa: SLF001
     try:
         result = await fn(*args, **kwargs)
     except BaseException as exc:
-        if cb is not None and ticket is not None:
-            verdict = _verdict(exc, cb)
-            if isinstance(exc, Exception):
-                await cb._asettle_closed(*ticket, verdict)  # noqa: SLF001
-            else:
-                cb._settle_closed(*ticket, verdict)  # noqa: SLF001
+        verdict = _verdict(exc, cb)
         if not isinstance(exc, Exception):
+            cb._settle_closed(*ticket, verdict)  # noqa: SLF001
             raise
+        await cb._asettle_closed(*ticket, verdict)  # noqa: SLF001
         call = _Call(policy, guards, start, math.inf)
-        step = await _failed_async(call, exc)
-        return _Resume(call, step)
-    if cb is not None and ticket is not None:
-        await cb._asettle_closed(*ticket, SUCCESS)  # noqa: SLF001
+        return _Resume(call, await _failed_async(call, exc))
+    await cb._asettle_closed(*ticket, SUCCESS)  # noqa: SLF001
     return result
 
 
