@@ -87,6 +87,7 @@ nox.options.sessions = [
     "lint",
     "mypy_pkg",
     "mypy_api",
+    "typing_api",
     "tests",
     "docs",
     "notebooks",
@@ -151,6 +152,15 @@ def mypy_api(session: nox.Session) -> None:
     """mypy on tests/typing: the public API types as documented."""
     _install(session, "typing")
     session.run("mypy", "--strict", "tests/typing")
+
+
+@nox.session
+def typing_api(session: nox.Session) -> None:
+    """pyright on tests/typing: the same API types as a second checker
+    sees them (mypy_api is the first)."""
+    _install(session, "typing")
+    session.install("pyright>=1.1.400")
+    session.run("pyright", "tests/typing/api.py")
 
 
 @nox.session

@@ -24,22 +24,26 @@ def field_name(inst: object, attribute: attrs.Attribute[Any]) -> str:
     return f"{type(inst).__name__}.{attribute.alias}"
 
 
-def to_seconds(value: object) -> object:
+def to_seconds(value: float | dt.timedelta | None) -> Any:
     """
     Accept `datetime.timedelta` and ints for durations; leave the rest alone.
 
     The validator that follows rejects what is still not a float, so this
     never raises on its own: an int too large for a float becomes an
     infinity, which the validator refuses as not finite.
+
+    Typed for what callers may pass, which is what type checkers show for
+    the field's parameter; at run time anything may come, hence `given`.
     """
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, int) and not isinstance(value, bool):
+    given: object = value
+    if isinstance(given, dt.timedelta):
+        return given.total_seconds()
+    if isinstance(given, int) and not isinstance(given, bool):
         try:
-            return float(value)
+            return float(given)
         except OverflowError:
-            return math.inf if value > 0 else -math.inf
-    return value
+            return math.inf if given > 0 else -math.inf
+    return given
 
 
 def check_number(
