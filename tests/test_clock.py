@@ -143,12 +143,19 @@ def test_monotonic_clock_reads_time_monotonic() -> None:
     assert repr(clock) == "MonotonicClock()"
 
 
-def test_monotonic_clock_sleep_accepts_non_positive() -> None:
-    """Zero and negative sleeps return at once (`time.sleep` would raise)."""
+def test_monotonic_clock_sleep_accepts_non_positive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Zero and negative sleeps return at once without asking the system
+    (`time.sleep` would raise on a negative); a positive one is passed on."""
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
     clock = resilient.MonotonicClock()
     clock.sleep(0)
     clock.sleep(-1.0)
-    clock.sleep(0.001)  # One real millisecond.
+    assert slept == []
+    clock.sleep(0.001)
+    assert slept == [0.001]
 
 
 @pytest.mark.anyio
