@@ -37,6 +37,7 @@ from resilient._core import _clock
 from resilient._core._config_breaker import BreakerConfig, CountWindow
 from resilient._core._decorate import decorate, is_async_callable
 from resilient._core._telemetry import SCOPE, TELEMETRY, disabled
+from resilient._core._validate import check_name
 from resilient.exceptions import CircuitOpen, ConfigError, ConfigTypeError
 
 
@@ -969,10 +970,7 @@ class CircuitBreaker:
 
 
 def _check_name(name: object) -> None:
-    if not isinstance(name, str):
-        raise ConfigTypeError("breaker(name)", name, "must be a str")
-    if not name.strip():
-        raise ConfigError("breaker(name)", name, "must not be empty")
+    check_name("breaker(name)", name)
 
 
 # Telemetry: span events on the caller's current span, and two counters.

@@ -47,6 +47,7 @@ from resilient._core._clock import MonotonicClock
 from resilient._core._config_bulkhead import BulkheadConfig, BulkheadKnobs
 from resilient._core._decorate import decorate
 from resilient._core._telemetry import SCOPE, TELEMETRY
+from resilient._core._validate import check_name
 from resilient._timeout import check_scope, wake_on_cancel
 from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
 
@@ -745,10 +746,7 @@ class Registry(Generic[_Item, _Config]):
 
 
 def _check_name(kind: str, name: object) -> None:
-    if not isinstance(name, str):
-        raise ConfigTypeError(f"{kind}(name)", name, "must be a str")
-    if not name.strip():
-        raise ConfigError(f"{kind}(name)", name, "must not be empty")
+    check_name(f"{kind}(name)", name)
 
 
 def _check_config(config: object) -> BulkheadConfig | None:

@@ -66,6 +66,7 @@ from resilient._core._validate import (
     field_name,
     non_negative,
     positive,
+    positive_or_none,
     to_seconds,
 )
 from resilient._retry import RetryMachine
@@ -259,12 +260,6 @@ def _seed(
     check_int(inst, attribute, value, minimum=0)
 
 
-def _positive_or_none(
-    inst: object, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    check_number(inst, attribute, value, strict=True, allow_none=True)
-
-
 def _burst(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
@@ -342,7 +337,7 @@ class SimulationConfig:
     )
     policy: Policy = attrs.field(factory=make_policy, validator=_policy)
     duration: float | None = attrs.field(
-        default=None, converter=to_seconds, validator=_positive_or_none
+        default=None, converter=to_seconds, validator=positive_or_none
     )
     bucket: float = attrs.field(
         default=0.5, converter=to_seconds, validator=positive

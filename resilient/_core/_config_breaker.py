@@ -22,10 +22,14 @@ from typing import (
 import attrs
 
 from resilient._core._validate import (
+    check_classes_or_predicate,
+    check_exception_classes,
     check_number,
     field_name,
     positive,
     positive_int,
+    positive_or_none,
+    to_exception_classes,
     to_seconds,
 )
 from resilient.exceptions import ConfigError, ConfigTypeError
@@ -98,9 +102,7 @@ def _rate(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
     """A fraction in (0, 1]."""
-    check_number(inst, attribute, value, strict=True)
-    if value > 1.0:  # type: ignore[operator]
-        raise ConfigError(field_name(inst, attribute), value, "must be <= 1.0")
+    check_number(inst, attribute, value, strict=True, maximum=1.0)
 
 
 def _at_least_one(
@@ -109,44 +111,10 @@ def _at_least_one(
     check_number(inst, attribute, value, minimum=1.0)
 
 
-def _positive_or_none(
-    inst: object, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    check_number(inst, attribute, value, strict=True, allow_none=True)
-
-
-def _exception_tuple(value: object) -> object:
-    """Let a single class (or a list) stand for a tuple."""
-    if isinstance(value, type):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
-
-
-def _check_classes(name: str, value: tuple[object, ...]) -> None:
-    for item in value:
-        if not (isinstance(item, type) and issubclass(item, BaseException)):
-            raise ConfigTypeError(name, item, "must hold exception classes")
-        if not issubclass(item, Exception):
-            raise ConfigError(
-                name,
-                item,
-                "must hold Exception subclasses: cancellation, "
-                "KeyboardInterrupt and SystemExit never count",
-            )
-
-
 def _check_failure_on(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    name = field_name(inst, attribute)
-    if isinstance(value, tuple):
-        _check_classes(name, value)
-    elif not callable(value):
-        raise ConfigTypeError(
-            name, value, "must be exception classes or a predicate"
-        )
+    check_classes_or_predicate(inst, attribute, value, never="never count")
 
 
 def _check_ignore_on(
@@ -155,7 +123,7 @@ def _check_ignore_on(
     name = field_name(inst, attribute)
     if not isinstance(value, tuple):
         raise ConfigTypeError(name, value, "must be exception classes")
-    _check_classes(name, value)
+    check_exception_classes(name, value, never="never count")
 
 
 @final
@@ -212,7 +180,7 @@ class BreakerConfig:
     )
     minimum_calls: int = attrs.field(default=5, validator=positive_int)
     slow_call_duration: float | None = attrs.field(
-        default=None, converter=to_seconds, validator=_positive_or_none
+        default=None, converter=to_seconds, validator=positive_or_none
     )
     slow_call_rate: float = attrs.field(
         default=1.0, converter=to_seconds, validator=_rate
@@ -233,12 +201,12 @@ class BreakerConfig:
     failure_on: tuple[type[Exception], ...] | Callable[[Exception], bool] = (
         attrs.field(
             default=(Exception,),
-            converter=_exception_tuple,
+            converter=to_exception_classes,
             validator=_check_failure_on,
         )
     )
     ignore_on: tuple[type[Exception], ...] = attrs.field(
-        default=(), converter=_exception_tuple, validator=_check_ignore_on
+        default=(), converter=to_exception_classes, validator=_check_ignore_on
     )
 
     def __attrs_post_init__(self) -> None:

@@ -15,7 +15,6 @@ from resilient._core._validate import (
     non_negative,
     to_seconds,
 )
-from resilient.exceptions import ConfigError
 
 
 if TYPE_CHECKING:
@@ -25,25 +24,13 @@ if TYPE_CHECKING:
 def _ratio(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    check_number(inst, attribute, value)
-    if value > 1000.0:  # type: ignore[operator]
-        raise ConfigError(
-            f"{type(inst).__name__}.{attribute.alias}",
-            value,
-            "must be <= 1000",
-        )
+    check_number(inst, attribute, value, maximum=1000.0)
 
 
 def _window(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    check_number(inst, attribute, value, minimum=0.1)
-    if value > 3600.0:  # type: ignore[operator]
-        raise ConfigError(
-            f"{type(inst).__name__}.{attribute.alias}",
-            value,
-            "must be <= 3600",
-        )
+    check_number(inst, attribute, value, minimum=0.1, maximum=3600.0)
 
 
 def _to_float(value: object) -> object:

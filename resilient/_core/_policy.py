@@ -28,10 +28,13 @@ from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._hints import default_retry_after
 from resilient._core._validate import (
     callable_or_none,
+    check_classes_or_predicate,
+    check_name,
     field_name,
     non_negative,
     positive_int_or_none,
     positive_or_none,
+    to_exception_classes,
     to_seconds,
 )
 from resilient.exceptions import ConfigError, ConfigTypeError
@@ -60,26 +63,10 @@ RetryOn = (
 DEFAULT_RETRY_ON: tuple[type[Exception], ...] = (ConnectionError, TimeoutError)
 
 
-def _retry_on(value: object) -> object:
-    """Let a single exception class stand for a tuple of one."""
-    if isinstance(value, type):
-        return (value,)
-    if isinstance(value, list):
-        return tuple(value)
-    return value
-
-
 def _check_name(
     inst: Policy, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    if not isinstance(value, str):
-        raise ConfigTypeError(
-            field_name(inst, attribute), value, "must be a str"
-        )
-    if not value.strip():
-        raise ConfigError(
-            field_name(inst, attribute), value, "must not be empty"
-        )
+    check_name(field_name(inst, attribute), value)
 
 
 def _check_backoff(
@@ -97,27 +84,9 @@ def _check_backoff(
 def _check_retry_on(
     inst: Policy, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    name = field_name(inst, attribute)
-    if isinstance(value, tuple):
-        for item in value:
-            if not (
-                isinstance(item, type) and issubclass(item, BaseException)
-            ):
-                raise ConfigTypeError(
-                    name, item, "must hold exception classes"
-                )
-            if not issubclass(item, Exception):
-                raise ConfigError(
-                    name,
-                    item,
-                    "must hold Exception subclasses: cancellation, "
-                    "KeyboardInterrupt and SystemExit are never retried",
-                )
-        return
-    if not callable(value):
-        raise ConfigTypeError(
-            name, value, "must be exception classes or a predicate"
-        )
+    check_classes_or_predicate(
+        inst, attribute, value, never="are never retried"
+    )
 
 
 def _check_hook(
@@ -222,7 +191,7 @@ class Policy:
     )
     retry_on: tuple[type[Exception], ...] | ExceptionPredicate = attrs.field(
         default=DEFAULT_RETRY_ON,
-        converter=_retry_on,
+        converter=to_exception_classes,
         validator=_check_retry_on,
     )
     retry_if_result: ResultPredicate | None = attrs.field(

@@ -53,10 +53,12 @@ def check_number(
     *,
     minimum: float = 0.0,
     strict: bool = False,
+    maximum: float | None = None,
     allow_none: bool = False,
 ) -> None:
     """
-    A finite float, >= (or > when *strict*) *minimum*, or None if allowed.
+    A finite float, >= (or > when *strict*) *minimum* and <= *maximum*, or
+    None if allowed.
     """
     name = field_name(inst, attribute)
     if value is None:
@@ -72,6 +74,8 @@ def check_number(
         raise ConfigError(name, value, f"must be > {minimum:g}")
     if value < minimum:
         raise ConfigError(name, value, f"must be >= {minimum:g}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(name, value, f"must be <= {maximum:g}")
 
 
 def non_negative(
@@ -143,6 +147,60 @@ def probability(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
     """A float in [0, 1]."""
-    check_number(inst, attribute, value)
-    if value > 1.0:  # type: ignore[operator]
-        raise ConfigError(field_name(inst, attribute), value, "must be <= 1.0")
+    check_number(inst, attribute, value, maximum=1.0)
+
+
+def check_name(where: str, value: object) -> None:
+    """
+    A dependency's name: a str that is not blank. *where* names the field
+    or the argument, like ``"Policy.name"`` or ``"breaker(name)"``.
+    """
+    if not isinstance(value, str):
+        raise ConfigTypeError(where, value, "must be a str")
+    if not value.strip():
+        raise ConfigError(where, value, "must not be empty")
+
+
+def to_exception_classes(value: object) -> object:
+    """Let a single exception class (or a list) stand for a tuple."""
+    if isinstance(value, type):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def check_exception_classes(
+    where: str, value: tuple[object, ...], *, never: str
+) -> None:
+    """
+    Exception classes, all `Exception` subclasses: cancellation,
+    KeyboardInterrupt and SystemExit are refused, *never* saying why.
+    """
+    for item in value:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ConfigTypeError(where, item, "must hold exception classes")
+        if not issubclass(item, Exception):
+            raise ConfigError(
+                where,
+                item,
+                "must hold Exception subclasses: cancellation, "
+                f"KeyboardInterrupt and SystemExit {never}",
+            )
+
+
+def check_classes_or_predicate(
+    inst: object,
+    attribute: attrs.Attribute[Any],
+    value: object,
+    *,
+    never: str,
+) -> None:
+    """Exception classes (see `check_exception_classes`) or a predicate."""
+    name = field_name(inst, attribute)
+    if isinstance(value, tuple):
+        check_exception_classes(name, value, never=never)
+    elif not callable(value):
+        raise ConfigTypeError(
+            name, value, "must be exception classes or a predicate"
+        )
