@@ -30,13 +30,12 @@ from typing import (
 )
 
 import attrs
-from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
 
 from resilient._core import _clock
 from resilient._core._config_breaker import BreakerConfig, CountWindow
 from resilient._core._decorate import decorate, is_async_callable
-from resilient._core._telemetry import SCOPE, TELEMETRY, disabled
+from resilient._core._telemetry import disabled, instruments
 from resilient._core._validate import check_name
 from resilient.exceptions import CircuitOpen, ConfigError, ConfigTypeError
 
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
-    from opentelemetry.metrics import Counter
+    from opentelemetry.metrics import Counter, Meter
 
 
 P = ParamSpec("P")
@@ -978,13 +977,11 @@ def _check_name(name: object) -> None:
 
 @final
 class _Meters:
-    """The breaker's instruments on one meter provider."""
+    """The breaker's instruments on resilient's meter."""
 
-    __slots__ = ("provider", "rejections", "transitions")
+    __slots__ = ("rejections", "transitions")
 
-    def __init__(self, provider: Any) -> None:
-        self.provider = provider
-        meter = provider.get_meter(SCOPE)
+    def __init__(self, meter: Meter) -> None:
         self.transitions: Counter = meter.create_counter(
             "resilient.breaker.transitions",
             unit="{transition}",
@@ -997,23 +994,9 @@ class _Meters:
         )
 
 
-# The instruments of the last meter provider seen (a one-slot cache).
-_meters: list[_Meters] = []
-
-
 def _instruments() -> _Meters | None:
-    """The instruments for the meter provider in use, made lazily."""
-    TELEMETRY.resolve()  # Loads providers named in the environment once.
-    provider = TELEMETRY.meter_provider or getattr(
-        otel_metrics._internal,  # noqa: SLF001
-        "_METER_PROVIDER",
-        None,
-    )
-    if provider is None:
-        return None
-    if not _meters or _meters[0].provider is not provider:
-        _meters[:] = [_Meters(provider)]
-    return _meters[0]
+    """The breaker's instruments, made once per meter provider."""
+    return instruments("breaker", _Meters)
 
 
 def _report_transition(event: BreakerTransition) -> None:

@@ -46,7 +46,7 @@ from resilient._core import _clock
 from resilient._core._clock import MonotonicClock
 from resilient._core._config_bulkhead import BulkheadConfig, BulkheadKnobs
 from resilient._core._decorate import decorate
-from resilient._core._telemetry import SCOPE, TELEMETRY
+from resilient._core._telemetry import instruments
 from resilient._core._validate import check_name
 from resilient._timeout import check_scope, wake_on_cancel
 from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         CallbackOptions,
         Counter,
         Histogram,
+        Meter,
         Observation,
     )
 
@@ -817,7 +818,7 @@ class _Metrics:
 
     __slots__ = ("rejections", "wait")
 
-    def __init__(self, meter: Any) -> None:
+    def __init__(self, meter: Meter) -> None:
         self.rejections: Counter = meter.create_counter(
             "resilient.bulkhead.rejections",
             unit="{call}",
@@ -855,21 +856,6 @@ def _observe(
     return callback
 
 
-# The instruments, and the retry instruments they were made alongside:
-# `configure_telemetry` replaces those, which tells us to remake ours.
-_cache: list[tuple[object, _Metrics]] = []
-
-
 def _metrics() -> _Metrics | None:
-    """The instruments, or None when no meter provider is configured."""
-    base = TELEMETRY.instruments
-    if base is None:
-        base = TELEMETRY.resolve()[1]
-        if base is None:
-            return None
-    if _cache and _cache[0][0] is base:
-        return _cache[0][1]
-    provider = TELEMETRY.meter_provider or otel_metrics.get_meter_provider()
-    made = _Metrics(provider.get_meter(SCOPE))
-    _cache[:] = [(base, made)]
-    return made
+    """The bulkheads' instruments, made once per meter provider."""
+    return instruments("bulkhead", _Metrics)

@@ -20,7 +20,6 @@ import threading
 from typing import TYPE_CHECKING, Final, Unpack, final
 
 import attrs
-from opentelemetry import metrics as otel_metrics
 
 from resilient._bulkhead import Registry
 from resilient._core import _clock
@@ -28,12 +27,12 @@ from resilient._core._config_retry_budget import (
     RetryBudgetConfig,
     RetryBudgetKnobs,
 )
-from resilient._core._telemetry import SCOPE, TELEMETRY
+from resilient._core._telemetry import instruments
 from resilient.exceptions import ConfigTypeError
 
 
 if TYPE_CHECKING:
-    from opentelemetry.metrics import Counter
+    from opentelemetry.metrics import Counter, Meter
 
 
 # The window is kept as this many buckets: calls and retries leave the
@@ -272,28 +271,19 @@ def retry_budget(
     return RETRY_BUDGETS.get(name, _check_config(config))
 
 
-# The refusal counter, and the retry instruments it was made alongside.
-_cache: list[tuple[object, Counter]] = []
+def _refusals(meter: Meter) -> Counter:
+    return meter.create_counter(
+        "resilient.retry_budget.refused",
+        unit="{retry}",
+        description="Retries a retry budget refused.",
+    )
 
 
 def _refused(name: str) -> None:
     """Count a refusal, when a meter provider is configured."""
-    base = TELEMETRY.instruments
-    if base is None:
-        base = TELEMETRY.resolve()[1]
-        if base is None:
-            return
-    if not (_cache and _cache[0][0] is base):
-        provider = (
-            TELEMETRY.meter_provider or otel_metrics.get_meter_provider()
-        )
-        counter = provider.get_meter(SCOPE).create_counter(
-            "resilient.retry_budget.refused",
-            unit="{retry}",
-            description="Retries a retry budget refused.",
-        )
-        _cache[:] = [(base, counter)]
-    _cache[0][1].add(1, {"resilient.policy": name})
+    counter = instruments("retry_budget", _refusals)
+    if counter is not None:
+        counter.add(1, {"resilient.policy": name})
 
 
 get_retry_budget: Final = retry_budget

@@ -9,7 +9,7 @@ telemetry entirely: one attribute read per call, no span objects.
 from __future__ import annotations
 
 import importlib.metadata
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, TypeVar, final
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics as otel_metrics
@@ -18,6 +18,8 @@ from opentelemetry.trace import Status, StatusCode
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from opentelemetry.metrics import Counter, Histogram, Meter, MeterProvider
     from opentelemetry.trace import Span, Tracer, TracerProvider
 
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 
 SCOPE: Final = "resilient"
+
+_I = TypeVar("_I")
 
 
 def _version() -> str:
@@ -69,7 +73,9 @@ class _Telemetry:
 
     __slots__ = (
         "checked_env",
+        "extras",
         "instruments",
+        "meter",
         "meter_provider",
         "tracer",
         "tracer_provider",
@@ -80,6 +86,10 @@ class _Telemetry:
         self.meter_provider: MeterProvider | None = None
         self.tracer: Tracer | None = None
         self.instruments: _Instruments | None = None
+        self.meter: Meter | None = None
+        self.extras: dict[str, object] = {}
+        """Other primitives' instruments, made on `meter` (see
+        `instruments`)."""
         self.checked_env = False
 
     def resolve(self) -> tuple[Tracer | None, _Instruments | None]:
@@ -102,9 +112,8 @@ class _Telemetry:
                 None,
             )
             if meters is not None:
-                self.instruments = _Instruments(
-                    meters.get_meter(SCOPE, _version())
-                )
+                self.meter = meters.get_meter(SCOPE, _version())
+                self.instruments = _Instruments(self.meter)
         return self.tracer, self.instruments
 
 
@@ -132,6 +141,28 @@ def configure_telemetry(
     TELEMETRY.meter_provider = meter_provider
     TELEMETRY.tracer = None
     TELEMETRY.instruments = None
+    TELEMETRY.meter = None
+    TELEMETRY.extras = {}
+
+
+def instruments(key: str, make: Callable[[Meter], _I]) -> _I | None:
+    """
+    The instruments a primitive makes with *make* on resilient's meter,
+    made once per meter provider; None when no meter provider is set.
+
+    Args:
+        key: The primitive's name (``"breaker"``, ``"bulkhead"``...).
+        make: Creates its instruments on a meter.
+    """
+    t = TELEMETRY
+    if t.meter is None:
+        t.resolve()
+        if t.meter is None:
+            return None
+    made = t.extras.get(key)
+    if made is None:
+        made = t.extras[key] = make(t.meter)
+    return made  # type: ignore[return-value]
 
 
 _metrics_internal = otel_metrics._internal  # noqa: SLF001
