@@ -37,6 +37,7 @@ from resilient._core._config_breaker import BreakerConfig, CountWindow
 from resilient._core._decorate import decorate, is_async_callable
 from resilient._core._telemetry import disabled, instruments
 from resilient._core._validate import check_name
+from resilient._core._validate import same_config as _same
 from resilient.exceptions import CircuitOpen, ConfigError, ConfigTypeError
 
 
@@ -1072,7 +1073,7 @@ class _Registry:
                 cb = CircuitBreaker(name, config)
                 cb._registered = True  # noqa: SLF001
                 self._live[name] = cb
-            elif config is not None and config != cb.config:
+            elif config is not None and not _same(config, cb.config):
                 raise ConfigError(
                     f"breaker({name!r}).config",
                     config,

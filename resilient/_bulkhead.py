@@ -48,6 +48,7 @@ from resilient._core._config_bulkhead import BulkheadConfig, BulkheadKnobs
 from resilient._core._decorate import decorate
 from resilient._core._telemetry import instruments
 from resilient._core._validate import check_name
+from resilient._core._validate import same_config as _same
 from resilient._timeout import check_scope, wake_on_cancel
 from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
 
@@ -712,7 +713,7 @@ class Registry(Generic[_Item, _Config]):
                 self._evict()
                 return item
             self._items.move_to_end(name)
-        if config is not None and config != item.config:
+        if config is not None and not _same(config, item.config):
             raise ConfigError(
                 f"{self._kind}({name!r}).config",
                 config,

@@ -7,6 +7,7 @@ bulkheads, retry budgets) live in registries keyed by the policy's name.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import (
@@ -227,9 +228,10 @@ class Policy:
                 "may only be None (unbounded) when Policy.budget is set",
             )
 
-    @property
+    @functools.cached_property
     def has_async_hooks(self) -> bool:
-        """Whether a hook is a coroutine function (async code only)."""
+        """Whether a hook is a coroutine function (async code only);
+        worked out once per policy, not on every call that asks."""
         return any(
             inspect.iscoroutinefunction(h)
             for h in (self.before_sleep, self.on_give_up)

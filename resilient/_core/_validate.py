@@ -204,3 +204,12 @@ def check_classes_or_predicate(
         raise ConfigTypeError(
             name, value, "must be exception classes or a predicate"
         )
+
+
+def same_config(a: object, b: object) -> bool:
+    """
+    Whether two configurations are equal, identity first: a policy asks
+    the registries with the very object they hold, and an attrs equality
+    check builds two tuples of every field.
+    """
+    return a is b or a == b
