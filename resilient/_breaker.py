@@ -881,9 +881,7 @@ class CircuitBreaker:
         except BaseException as exc:
             self._settle(permit, self._outcome(exc))
             raise
-        events = self._record(permit, SUCCESS)
-        if events:
-            self._notify(events)
+        self._settle(permit, SUCCESS)
         return result
 
     async def _acall(
@@ -914,10 +912,20 @@ class CircuitBreaker:
         except BaseException as exc:
             await self._asettle(permit, self._outcome(exc))
             raise
-        events = self._record(permit, SUCCESS)
-        if events:
-            await self._anotify(events)
+        await self._asettle(permit, SUCCESS)
         return result
+
+    def _leave(
+        self, exc: BaseException | None
+    ) -> list[BreakerTransition] | None:
+        """Settle the innermost entered permit (both context managers)."""
+        top = self._entered.get()
+        if top is None:
+            raise self._unbalanced()
+        self._entered.set(top[1])
+        return self._record(
+            top[0], SUCCESS if exc is None else self._outcome(exc)
+        )
 
     def _unbalanced(self) -> RuntimeError:
         return RuntimeError(
@@ -936,13 +944,7 @@ class CircuitBreaker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        top = self._entered.get()
-        if top is None:
-            raise self._unbalanced()
-        self._entered.set(top[1])
-        events = self._record(
-            top[0], SUCCESS if exc is None else self._outcome(exc)
-        )
+        events = self._leave(exc)
         if events:
             self._notify(events)
 
@@ -958,13 +960,7 @@ class CircuitBreaker:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        top = self._entered.get()
-        if top is None:
-            raise self._unbalanced()
-        self._entered.set(top[1])
-        events = self._record(
-            top[0], SUCCESS if exc is None else self._outcome(exc)
-        )
+        events = self._leave(exc)
         if events:
             await self._anotify(events)
 
