@@ -38,7 +38,12 @@ from resilient._core._decorate import decorate, is_async_callable
 from resilient._core._telemetry import disabled, instruments
 from resilient._core._validate import check_name
 from resilient._core._validate import same_config as _same
-from resilient.exceptions import CircuitOpen, ConfigError, ConfigTypeError
+from resilient.exceptions import (
+    CircuitOpen,
+    ConfigError,
+    ConfigTypeError,
+    DeadlineExceeded,
+)
 
 
 if TYPE_CHECKING:
@@ -963,6 +968,22 @@ class CircuitBreaker:
         events = self._leave(exc)
         if events:
             await self._anotify(events)
+
+
+def attempt_outcome(
+    cb: CircuitBreaker, exc: BaseException | None, *, own_timeout: bool
+) -> int:
+    """
+    How an attempt of the pipeline counts for its breaker: a success; a
+    `DeadlineExceeded` that was not the attempt's own timeout (the caller's
+    budget or deadline ran out, not the dependency) counts for nothing;
+    anything else as the breaker's configuration says.
+    """
+    if exc is None:
+        return SUCCESS
+    if isinstance(exc, DeadlineExceeded) and not own_timeout:
+        return IGNORE
+    return cb._outcome(exc)  # noqa: SLF001
 
 
 def _check_name(name: object) -> None:

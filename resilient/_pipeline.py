@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, final
 
+from resilient._breaker import attempt_outcome
 from resilient._breaker import breaker as get_breaker
 from resilient._bulkhead import get_bulkhead
 from resilient._retry_budget import get_retry_budget
-from resilient.exceptions import DeadlineExceeded
 
 
 if TYPE_CHECKING:
@@ -163,13 +163,6 @@ class _Admission:
         self.permit = permit
         self.slot = slot
 
-    def _verdict(self, exc: BaseException | None, own_timeout: bool) -> str:
-        if exc is None:
-            return "success"
-        if isinstance(exc, DeadlineExceeded) and not own_timeout:
-            return "ignore"
-        return "failure"
-
     def settle(
         self, exc: BaseException | None, *, own_timeout: bool = False
     ) -> None:
@@ -177,15 +170,10 @@ class _Admission:
         if self.slot is not None:
             self.slot.release()
         permit = self.permit
-        if permit is None:
-            return
-        verdict = self._verdict(exc, own_timeout)
-        if verdict == "success":
-            permit.success()
-        elif verdict == "ignore":
-            permit.ignore()
-        else:
-            permit.failure(exc)  # type: ignore[arg-type]
+        if permit is not None:
+            cb = permit._breaker  # noqa: SLF001
+            outcome = attempt_outcome(cb, exc, own_timeout=own_timeout)
+            cb._settle(permit, outcome)  # noqa: SLF001
 
     async def asettle(
         self, exc: BaseException | None, *, own_timeout: bool = False
@@ -194,12 +182,7 @@ class _Admission:
         if self.slot is not None:
             self.slot.release()
         permit = self.permit
-        if permit is None:
-            return
-        verdict = self._verdict(exc, own_timeout)
-        if verdict == "success":
-            await permit.asuccess()
-        elif verdict == "ignore":
-            await permit.aignore()
-        else:
-            await permit.afailure(exc)  # type: ignore[arg-type]
+        if permit is not None:
+            cb = permit._breaker  # noqa: SLF001
+            outcome = attempt_outcome(cb, exc, own_timeout=own_timeout)
+            await cb._asettle(permit, outcome)  # noqa: SLF001

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
 import anyio
 import anyio.lowlevel
 
-from resilient._breaker import IGNORE, SUCCESS
+from resilient._breaker import SUCCESS, attempt_outcome
 from resilient._core import _clock, _state
 from resilient._core._decisions import GiveUp, Retry, RetryEvent
 from resilient._core._decorate import decorate
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
     from types import TracebackType
 
-    from resilient._breaker import CircuitBreaker
     from resilient._core._telemetry import CallRecorder
     from resilient._pipeline import Guards, _Admission
     from resilient._retry_budget import RetryBudget
@@ -532,15 +531,6 @@ class _Resume:
 _NOT_BARE: Final = object()
 
 
-def _verdict(exc: BaseException, cb: CircuitBreaker) -> int:
-    """How a bare attempt's exception counts for its breaker: with no
-    attempt timeout, a deadline that ran out is the caller's, not the
-    dependency's."""
-    if isinstance(exc, DeadlineExceeded):
-        return IGNORE
-    return cb._outcome(exc)  # noqa: SLF001
-
-
 def _call_sync(
     policy: Policy,
     guards: Guards | None,
@@ -608,7 +598,7 @@ def _bare_breaker_sync(
     try:
         result = fn(*args, **kwargs)
     except BaseException as exc:
-        cb._settle_closed(*ticket, _verdict(exc, cb))  # noqa: SLF001
+        cb._settle_closed(*ticket, attempt_outcome(cb, exc, own_timeout=False))  # noqa: SLF001
         if not isinstance(exc, Exception):
             raise
         call = _Call(policy, guards, start, outer)
@@ -720,7 +710,7 @@ async def _bare_breaker_async(
     try:
         result = await fn(*args, **kwargs)
     except BaseException as exc:
-        verdict = _verdict(exc, cb)
+        verdict = attempt_outcome(cb, exc, own_timeout=False)
         if not isinstance(exc, Exception):
             cb._settle_closed(*ticket, verdict)  # noqa: SLF001
             raise
