@@ -1017,6 +1017,20 @@ def _instruments() -> _Meters | None:
     return instruments("breaker", _Meters)
 
 
+def _report(
+    counter: str, event: str, labels: dict[str, str], retry_after: float
+) -> None:
+    """Count on *counter* and add *event* to the caller's current span."""
+    meters = _instruments()
+    if meters is not None:
+        getattr(meters, counter).add(1, labels)
+    span = otel_trace.get_current_span()
+    if span.is_recording():
+        span.add_event(
+            event, {**labels, "resilient.breaker.retry_after": retry_after}
+        )
+
+
 def _report_transition(event: BreakerTransition) -> None:
     labels = {
         "resilient.breaker": event.name,
@@ -1024,15 +1038,12 @@ def _report_transition(event: BreakerTransition) -> None:
         "resilient.breaker.state": event.new.value,
         "resilient.breaker.reason": event.reason,
     }
-    meters = _instruments()
-    if meters is not None:
-        meters.transitions.add(1, labels)
-    span = otel_trace.get_current_span()
-    if span.is_recording():
-        span.add_event(
-            "resilient.breaker.state_change",
-            {**labels, "resilient.breaker.retry_after": event.retry_after},
-        )
+    _report(
+        "transitions",
+        "resilient.breaker.state_change",
+        labels,
+        event.retry_after,
+    )
 
 
 def _report_rejection(name: str, reject: Reject) -> None:
@@ -1042,15 +1053,9 @@ def _report_rejection(name: str, reject: Reject) -> None:
         "resilient.breaker": name,
         "resilient.breaker.state": reject.state.value,
     }
-    meters = _instruments()
-    if meters is not None:
-        meters.rejections.add(1, labels)
-    span = otel_trace.get_current_span()
-    if span.is_recording():
-        span.add_event(
-            "resilient.breaker.rejected",
-            {**labels, "resilient.breaker.retry_after": reject.retry_after},
-        )
+    _report(
+        "rejections", "resilient.breaker.rejected", labels, reject.retry_after
+    )
 
 
 # The registry.
