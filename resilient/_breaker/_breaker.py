@@ -229,7 +229,7 @@ class CircuitBreaker:
         self.name = name
         self.config = config
         self._lock = threading.Lock()
-        self._m = _BreakerMachine(config, name, self)
+        self._m = _BreakerMachine(config, name)
         self._listeners: tuple[tuple[Listener, bool], ...] = ()
         self._pinned = False
 
@@ -312,9 +312,7 @@ class CircuitBreaker:
         epoch is past the old one's, so calls in flight count for nothing.
         """
         self.config = config
-        self._m = _BreakerMachine(
-            config, self.name, self, epoch=self._m.epoch + 1
-        )
+        self._m = _BreakerMachine(config, self.name, epoch=self._m.epoch + 1)
 
     # Admission: a closed breaker admits without the lock. Admitting then
     # changes nothing, and the machine's `gate` (its epoch and inbox while
@@ -376,7 +374,7 @@ class CircuitBreaker:
         now = _clock.get_clock().now()
         with self._lock:
             m = self._m
-            got = m.admit(now)
+            got = m.admit(now, self)
             events = self._drain() if m.outbox else None
         if not self._pinned and events is None:
             self._sync_pin()  # Heal a pin an exception interrupted.

@@ -219,7 +219,9 @@ class _BreakerMachine:
     Args:
         config: The thresholds and timings.
         name: The breaker's name, copied into transitions.
-        owner: Handed to each permit (the `CircuitBreaker`); opaque here.
+        owner: Handed to each permit when `admit` is given none; opaque
+            here. (`CircuitBreaker` passes itself to `admit` instead, so
+            that it and its machine form no reference cycle.)
         epoch: The first epoch: a machine that replaces another starts past
             the old one's, so that the old one's permits count for nothing.
     """
@@ -293,11 +295,16 @@ class _BreakerMachine:
         self.rejected = 0
         self.outbox: list[BreakerTransition] = []
 
-    def admit(self, now: float) -> BreakerPermit | Reject:
-        """A permit to call now, or a rejection with the wait for a probe."""
+    def admit(self, now: float, owner: Any = None) -> BreakerPermit | Reject:
+        """
+        A permit to call now, or a rejection with the wait for a probe; the
+        permit is *owner*'s (default: the machine's own *owner*).
+        """
+        if owner is None:
+            owner = self.owner
         state = self.state
         if state is _CLOSED:
-            return BreakerPermit(self.owner, self.epoch, now, 0)
+            return BreakerPermit(owner, self.epoch, now, 0)
         if state is _OPEN:
             if now < self.opened_at:
                 self._reopen(now)  # The clock was swapped for a lower one.
@@ -325,7 +332,7 @@ class _BreakerMachine:
         self._seq += 1
         seq = self._seq
         probes[seq] = now
-        permit = BreakerPermit(self.owner, self.epoch, now, seq)
+        permit = BreakerPermit(owner, self.epoch, now, seq)
         self._holders[seq] = weakref.ref(permit)
         return permit
 

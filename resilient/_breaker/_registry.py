@@ -25,17 +25,19 @@ DEFAULT_MAX_BREAKERS: Final = DEFAULT_LIMIT
 
 _DEFAULT: Final = BreakerConfig()
 
-_orphans: Final[weakref.WeakValueDictionary[str, CircuitBreaker]] = (
-    weakref.WeakValueDictionary()
-)
-"""Breakers a reset let go of that something still holds, by name."""
+_orphans: Final[dict[str, weakref.ref[CircuitBreaker]]] = {}
+"""Breakers a reset let go of, weakly, by name: whoever still holds one
+gets it back from the next lookup. (A plain dict: a miss costs nothing.)"""
 _orphans_lock: Final = threading.Lock()
 
 
 def _make(name: str, config: BreakerConfig) -> CircuitBreaker:
     """A new breaker, or the held one a reset let go of, reconfigured."""
-    with _orphans_lock:
-        cb = _orphans.pop(name, None)
+    cb = None
+    if _orphans:
+        with _orphans_lock:
+            ref = _orphans.pop(name, None)
+        cb = None if ref is None else ref()
     if cb is None:
         return CircuitBreaker(name, config)
     with cb._lock:  # noqa: SLF001
@@ -58,7 +60,7 @@ def _reset(cb: CircuitBreaker) -> None:
         cb._rebuild(cb.config)  # noqa: SLF001
     cb._pinned = False  # noqa: SLF001
     with _orphans_lock:
-        _orphans[cb.name] = cb
+        _orphans[cb.name] = weakref.ref(cb)
 
 
 def _config_of(cb: CircuitBreaker) -> BreakerConfig:
