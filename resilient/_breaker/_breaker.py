@@ -20,17 +20,14 @@ back edge, at a function's start. So:
 - a half-open probe holds a slot: the machine holds its permit weakly, and
   a permit dropped unsettled frees its slot the next time anyone looks;
 - ``with`` keeps each block's permit on an object of that block alone (see
-  `_ExitSlot`), so an exception anywhere in ``__exit__`` leaves no entry
+  `_blocks`), so an exception anywhere in ``__exit__`` leaves no entry
   behind that a later block could mistake for its own.
 """
 
 from __future__ import annotations
 
-import contextvars
-import functools
 import logging
 import threading
-import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -41,6 +38,13 @@ from typing import (
     final,
 )
 
+from resilient._breaker._blocks import (
+    ExitSlot,
+    aexit_block,
+    exit_block,
+    push_entered,
+    take_cell,
+)
 from resilient._breaker._machine import (
     _CLOSED,
     FAILURE,
@@ -76,23 +80,6 @@ Listener: TypeAlias = "Callable[[BreakerTransition], object]"
 Ticket: TypeAlias = "tuple[int, float] | BreakerPermit"
 """What settling a call needs: a closed call's (epoch, start), or a permit."""
 
-_Stack: TypeAlias = "tuple[CircuitBreaker, BreakerPermit, _Stack] | None"
-
-_ENTERED: Final[contextvars.ContextVar[_Stack]] = contextvars.ContextVar(
-    "resilient_breaker_entered", default=None
-)
-"""Permits entered by calling ``__enter__`` by hand, innermost first; one
-key for every breaker, so names cost the context nothing."""
-
-
-class _Pending(threading.local):
-    """Per thread: the exit a ``with`` statement just looked up, weakly."""
-
-    exit: weakref.ref[functools.partial[Any]] | None = None
-
-
-_pending: Final = _Pending()
-
 _INBOX_LIMIT: Final = 256
 """Successes an inbox holds before the one who fills it empties it."""
 
@@ -102,95 +89,6 @@ def _check_config(config: object, where: str = "breaker(config)") -> None:
         raise ConfigTypeError(
             where, config, "must be a resilient.BreakerConfig"
         )
-
-
-@final
-class _ExitSlot:
-    """
-    ``CircuitBreaker.__exit__`` (and ``__aexit__``): each lookup makes a
-    fresh cell, ``[breaker, permit]``, and returns the exit bound to it.
-
-    A ``with`` statement looks ``__exit__`` up before it calls
-    ``__enter__``, with no other code of ours in between, and keeps the
-    bound exit on its frame until the block ends: `__enter__` takes the
-    cell that was just made (found through a weak reference, so a stale
-    one is never taken) and puts its permit in it. So each block settles
-    its own permit, and a block whose exit never ran (an exception landed
-    at its first instruction) leaves nothing behind: its cell goes with it.
-    """
-
-    __slots__ = ("_exit",)
-
-    def __init__(self, exit_: Callable[..., Any]) -> None:
-        self._exit = exit_
-
-    def __get__(
-        self, cb: CircuitBreaker | None, owner: object = None
-    ) -> Callable[..., Any]:
-        bound = functools.partial(self._exit, [cb, None])
-        _pending.exit = weakref.ref(bound)
-        return bound
-
-
-def _take_cell(cb: CircuitBreaker) -> list[Any] | None:
-    """
-    The cell the ``with`` statement entering *cb* just made; None when
-    ``__enter__`` was called by hand (the last exit looked up is gone, or
-    is not for *cb*, or has a permit already).
-    """
-    ref = _pending.exit
-    _pending.exit = None
-    bound = None if ref is None else ref()
-    if bound is None:
-        return None
-    cell: list[Any] = bound.args[0]
-    if cell[1] is not None:
-        return None
-    owner = cell[0]
-    if owner is None:  # Looked up on the class (contextlib.ExitStack).
-        cell[0] = cb
-    elif owner is not cb:
-        return None
-    return cell
-
-
-def _exit(cell: list[Any], *args: Any) -> None:
-    """
-    The exit of one ``with`` block: ``(exc_type, exc, tb)``, or ``(cm,
-    exc_type, exc, tb)`` as `contextlib.ExitStack` calls an exit looked up
-    on the class.
-    """
-    cb: CircuitBreaker = cell[0]
-    permit: BreakerPermit | None = cell[1]
-    cell[1] = None
-    if permit is None:  # Entered by hand: the context's stack.
-        permit = cb._pop_entered()  # noqa: SLF001
-    exc: BaseException | None = args[-2]
-    outcome = SUCCESS if exc is None else cb.config.outcome(exc)
-    events = cb._record(  # noqa: SLF001
-        permit.epoch, permit.start, permit.probe, outcome, permit
-    )
-    if events:
-        cb._notify(events)  # noqa: SLF001
-
-
-async def _aexit(cell: list[Any], *args: Any) -> None:
-    """The exit of one ``async with`` block (see `_exit`)."""
-    cb: CircuitBreaker = cell[0]
-    permit: BreakerPermit | None = cell[1]
-    cell[1] = None
-    if permit is None:
-        permit = cb._pop_entered()  # noqa: SLF001
-    exc: BaseException | None = args[-2]
-    outcome = SUCCESS if exc is None else cb.config.outcome(exc)
-    events = cb._record(  # noqa: SLF001
-        permit.epoch, permit.start, permit.probe, outcome, permit
-    )
-    if events:
-        if exc is None or isinstance(exc, Exception):
-            await cb._anotify(events)  # noqa: SLF001
-        else:  # Cancelled: never await while cancelled.
-            cb._notify(events)  # noqa: SLF001
 
 
 @final
@@ -617,48 +515,28 @@ class CircuitBreaker:
             await self._anotify(events)
         return result
 
-    # Context managers: see `_ExitSlot`.
+    # Context managers: see `_blocks`.
 
     def __enter__(self) -> BreakerPermit:
-        cell = _take_cell(self)
+        cell = take_cell(self)
         permit = self.acquire()
         if cell is None:
-            self._push_entered(permit)
+            push_entered(self, permit)
         else:
             cell[1] = permit
         return permit
 
     async def __aenter__(self) -> BreakerPermit:
-        cell = _take_cell(self)
+        cell = take_cell(self)
         permit = await self.aacquire()
         if cell is None:
-            self._push_entered(permit)
+            push_entered(self, permit)
         else:
             cell[1] = permit
         return permit
 
-    __exit__ = _ExitSlot(_exit)
-    __aexit__ = _ExitSlot(_aexit)
-
-    def _push_entered(self, permit: BreakerPermit) -> None:
-        _ENTERED.set((self, permit, _ENTERED.get()))
-
-    def _pop_entered(self) -> BreakerPermit:
-        """The innermost permit entered by hand for this breaker."""
-        stack = _ENTERED.get()
-        skipped: list[tuple[CircuitBreaker, BreakerPermit]] = []
-        while stack is not None and stack[0] is not self:
-            skipped.append((stack[0], stack[1]))
-            stack = stack[2]
-        if stack is None:
-            raise RuntimeError(
-                f"breaker {self.name!r} exited more often than entered"
-            )
-        rest = stack[2]
-        for cb, permit in reversed(skipped):
-            rest = (cb, permit, rest)
-        _ENTERED.set(rest)
-        return stack[1]
+    __exit__ = ExitSlot(exit_block)
+    __aexit__ = ExitSlot(aexit_block)
 
 
 def attempt_outcome(
