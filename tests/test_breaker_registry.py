@@ -19,8 +19,15 @@ import anyio
 import pytest
 
 import resilient
-from resilient import BreakerConfig, ConfigError, CountWindow
-from resilient._breaker import REGISTRY
+from resilient import (
+    BreakerConfig,
+    CircuitBreaker,
+    ConfigError,
+    ConfigTypeError,
+    CountWindow,
+)
+from resilient._breaker import _REGISTRY, REGISTRY, get_breaker
+from tests.breakers import small
 
 
 @pytest.fixture(autouse=True)
@@ -273,3 +280,94 @@ def test_many_names_through_every_form() -> None:
     grown = _rss() - base
     assert grown < 50 * 2**20, grown
     assert len(REGISTRY) <= REGISTRY.limit + 1
+
+
+class TestRegistry:
+    def test_one_breaker_per_name(self) -> None:
+        """The same name gives the same breaker; get_breaker is breaker."""
+        a = resilient.breaker("db")
+        assert resilient.breaker("db") is a
+        assert get_breaker("db") is a
+        assert resilient.breaker("db", BreakerConfig()) is a
+        assert resilient.breaker("other") is not a
+        assert repr(a) == "<CircuitBreaker 'db' closed>"
+
+    def test_different_config_refused(self) -> None:
+        """Asking for an existing breaker with another config raises."""
+        resilient.breaker("db", small())
+        assert resilient.breaker("db", small()).config == small()
+        with pytest.raises(ConfigError, match=r"breaker\('db'\)\.config"):
+            resilient.breaker("db", BreakerConfig())
+
+    @pytest.mark.parametrize(
+        ("name", "config", "error", "match"),
+        [
+            (3, None, ConfigTypeError, "breaker.name."),
+            ("  ", None, ConfigError, "must not be empty"),
+            ("x", {"open_interval": 1}, ConfigTypeError, "BreakerConfig"),
+        ],
+    )
+    def test_bad_arguments(
+        self, name: Any, config: Any, error: type[Exception], match: str
+    ) -> None:
+        """A bad name or config is refused, naming it."""
+        with pytest.raises(error, match=match):
+            resilient.breaker(name, config)
+        with pytest.raises(error, match=match):
+            CircuitBreaker(name, config)
+
+    def test_registered_defaults(self) -> None:
+        """Breakers made without a config take the name's defaults, then
+        the global ones, then BreakerConfig(); existing ones keep theirs."""
+        early = resilient.breaker("early")
+        resilient.set_breaker_defaults(small())
+        resilient.set_breaker_defaults(
+            small(open_interval=99.0), name="payments"
+        )
+        assert resilient.breaker("payments").config.open_interval == 99.0
+        assert resilient.breaker("search").config == small()
+        assert early.config == BreakerConfig()
+        with pytest.raises(ConfigTypeError):
+            resilient.set_breaker_defaults("x")  # type: ignore[arg-type]
+        with pytest.raises(ConfigError):
+            resilient.set_breaker_defaults(small(), name="")
+
+    def test_bounded_but_open_breakers_kept(self, clock: Any) -> None:
+        """Past the bound, the least recently used closed breakers are let
+        go; open ones never are."""
+        _REGISTRY.limit = 3
+        hot = resilient.breaker("hot", small())
+        for _ in range(2):
+            hot.acquire().failure(ConnectionError())
+        for i in range(5):
+            resilient.breaker(f"b{i}")
+        kept = _REGISTRY.kept()
+        # The bound keeps the 3 most recent; the open one is pinned too.
+        assert kept == ["b2", "b3", "b4", "hot"]
+        gc.collect()
+        assert resilient.breaker("hot") is hot
+
+    def test_held_breaker_still_found(self) -> None:
+        """A breaker let go by the bound but still held elsewhere is the
+        one the name gives: one name never has two live breakers."""
+        _REGISTRY.limit = 1
+        held = resilient.breaker("held")
+        resilient.breaker("next")
+        assert "held" not in _REGISTRY.kept()
+        assert resilient.breaker("held") is held
+
+    def test_breaker_opening_is_kept(self, clock: Any) -> None:
+        """A breaker that opens after being let go is kept again."""
+        _REGISTRY.limit = 1
+        cb = resilient.breaker("later", small())
+        resilient.breaker("next")
+        for _ in range(2):
+            cb.acquire().failure(ConnectionError())
+        assert "later" in _REGISTRY.kept()
+        stray = CircuitBreaker("stray", small())
+        stray.force_open()
+        assert "stray" not in _REGISTRY.kept()
+        _REGISTRY.clear()  # Forgotten by the registry, still held here:
+        cb.reset()
+        cb.force_open()  # opening does not bring it back.
+        assert _REGISTRY.kept() == []
