@@ -2,13 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import http.server
-import socket
-import socketserver
-import struct
-import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -19,6 +12,7 @@ import requests
 import resilient
 from resilient._core import _transient
 from resilient._core._transient import DependencyFailure, Transient
+from tests.http_server import Server, closed_port
 
 
 if TYPE_CHECKING:
@@ -237,54 +231,12 @@ def test_classifiers_are_frozen_equal_values() -> None:
 # A real local HTTP server: what httpx and requests raise against it.
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        if self.path == "/503":
-            body = b"busy"
-            self.send_response(503)
-            self.send_header("Retry-After", "7")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-        elif self.path == "/404":
-            self.send_response(404)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-        elif self.path == "/reset":
-            # Close with RST: SO_LINGER on, zero timeout.
-            self.connection.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-            )
-            self.connection.close()
-        elif self.path == "/slow":
-            time.sleep(0.3)
-            with contextlib.suppress(OSError):
-                self.send_response(200)
-                self.end_headers()
-
-
-class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-
-
 @pytest.fixture(scope="module")
 def http_base() -> Iterator[str]:
     """A stdlib HTTP server on a free loopback port, in a thread."""
-    server = _Server(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    server = Server()
+    yield server.url
+    server.stop()
 
 
 def _httpx_error(base: str, path: str) -> BaseException:
@@ -308,8 +260,8 @@ def _requests_error(base: str, path: str) -> BaseException:
 @pytest.mark.parametrize(
     ("path", "retried", "counted"),
     [
-        ("/503", True, True),
-        ("/404", False, False),
+        ("/status/503", True, True),
+        ("/status/404", False, False),
         ("/reset", True, True),
         ("/slow", True, True),
         ("refused", True, True),
@@ -326,12 +278,12 @@ def test_real_clients_against_a_local_server(
     read timeouts, refused connections and 503s are transient; a 404 is
     not; the 503's Retry-After is read."""
     if path == "refused":
-        exc = get(f"http://127.0.0.1:{_closed_port()}", "/")
+        exc = get(f"http://127.0.0.1:{closed_port()}", "/")
     else:
         exc = get(http_base, path)
     assert TRANSIENT(exc) is retried, repr(exc)
     assert FAILURE(exc) is counted, repr(exc)
-    if path == "/503":
+    if path == "/status/503":
         assert resilient.default_retry_after(exc) == 7.0
 
 
@@ -344,7 +296,7 @@ async def test_httpx_async_against_a_local_server(
             with pytest.raises(httpx.TransportError) as info:
                 await client.get(http_base + path)
             assert TRANSIENT(info.value) is expected
-        response = await client.get(http_base + "/404")
+        response = await client.get(http_base + "/status/404")
         with pytest.raises(httpx.HTTPStatusError) as status:
             response.raise_for_status()
         assert not TRANSIENT(status.value)

@@ -87,6 +87,29 @@ _NEVER: Final = frozenset(
 
 _BUILTIN: Final = (ConnectionError, TimeoutError, http.client.IncompleteRead)
 
+# Errors raised before a request left the client: retrying them cannot
+# repeat a side effect, whatever the method.
+_NOT_SENT: Final = frozenset(
+    {
+        ("httpx", "ConnectError"),
+        ("httpx", "ConnectTimeout"),
+        ("httpx", "PoolTimeout"),
+        ("requests", "ConnectTimeout"),
+        ("urllib3", "NewConnectionError"),
+        ("urllib3", "ConnectTimeoutError"),
+        ("aiohttp", "ClientConnectorError"),
+        ("builtins", "ConnectionRefusedError"),
+    }
+)
+
+IDEMPOTENT_METHODS: Final = frozenset(
+    {"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"}
+)
+"""HTTP methods that RFC 9110 defines as idempotent: retried freely."""
+
+# Statuses that say the server did not act on the request.
+_NOT_PROCESSED: Final = frozenset({429, 503})
+
 DEFAULT_STATUSES: Final = frozenset({429, 502, 503, 504})
 """HTTP statuses retried by default: too many requests, bad gateway,
 service unavailable, gateway timeout. 500 is left out on purpose: it is as
@@ -118,7 +141,7 @@ def _kind(cls: type) -> int:
     kind = _type_cache.get(cls)
     if kind is not None:
         return kind
-    keys = {(c.__module__.partition(".")[0], c.__name__) for c in cls.__mro__}
+    keys = _keys(cls)
     if keys & _NEVER:
         kind = _NO
     elif ("urllib3", "MaxRetryError") in keys:
@@ -171,6 +194,38 @@ def http_status(obj: object) -> int | None:
     return None
 
 
+def _keys(cls: type) -> set[tuple[str, str]]:
+    return {(c.__module__.partition(".")[0], c.__name__) for c in cls.__mro__}
+
+
+def _request_of(exc: BaseException) -> tuple[str, Any] | None:
+    """The (method, headers) of the HTTP request an error came from."""
+    info = getattr(exc, "request_info", None)  # aiohttp
+    if info is None:
+        try:
+            info = getattr(exc, "request", None)  # httpx, requests
+        except RuntimeError:  # httpx: "the .request property has not been set"
+            return None
+    method = getattr(info, "method", None)
+    if not isinstance(method, str):
+        return None
+    return method.upper(), getattr(info, "headers", None)
+
+
+def _not_sent(exc: BaseException) -> bool:
+    """Whether the request never left the client (connect errors)."""
+    if _keys(type(exc)) & _NOT_SENT:
+        return True
+    # requests wraps urllib3's MaxRetryError(reason=NewConnectionError).
+    for arg in exc.args[:1]:
+        reason = getattr(arg, "reason", None)
+        if isinstance(reason, BaseException) and _keys(type(reason)) & (
+            _NOT_SENT
+        ):
+            return True
+    return False
+
+
 def _leaves(group: BaseExceptionGroup[Any]) -> Iterable[BaseException]:
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
@@ -200,6 +255,36 @@ def _classes(
         isinstance(c, type) and issubclass(c, Exception) for c in value
     ):
         raise ConfigTypeError(name, value, "must be Exception classes")
+
+
+def _to_methods(value: object) -> object:
+    if isinstance(value, set | list | tuple | frozenset):
+        return frozenset(m.upper() if isinstance(m, str) else m for m in value)
+    return value
+
+
+def _methods(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if value is None:
+        return
+    if not isinstance(value, frozenset) or not all(
+        isinstance(m, str) and m.isalpha() for m in value
+    ):
+        raise ConfigTypeError(
+            field_name(inst, attribute),
+            value,
+            "must be a set of HTTP method names or None",
+        )
+
+
+def _header_name(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigTypeError(
+            field_name(inst, attribute), value, "must be a header name"
+        )
 
 
 def _to_frozenset(value: object) -> object:
@@ -233,13 +318,16 @@ class _Classifier:
     def _sql_codes(self) -> frozenset[str]:
         raise NotImplementedError
 
-    def __call__(self, exc: BaseException) -> bool:  # noqa: PLR0911
+    def __call__(self, exc: BaseException) -> bool:
         """Whether *exc* is one of the errors this classifier names."""
         if isinstance(exc, BaseExceptionGroup):
             leaves = list(_leaves(exc))
             return bool(leaves) and all(map(self, leaves))
         if not isinstance(exc, Exception):
             return False  # Cancellation, KeyboardInterrupt, SystemExit.
+        return self._leaf(exc)
+
+    def _leaf(self, exc: Exception) -> bool:
         if self.never and isinstance(exc, self.never):
             return False
         if self.also and isinstance(exc, self.also):
@@ -278,11 +366,24 @@ class Transient(_Classifier):
     anything that is not an `Exception`. An exception group is transient
     when every leaf is.
 
+    A request that is not idempotent is never repeated by accident: when
+    the error carries its HTTP request (httpx, requests, aiohttp do) and
+    the method is not in *idempotent_methods* (POST, PATCH) and the request
+    has no *idempotency_header*, the error is transient only if the request
+    never left the client (a refused connection, a connect or pool
+    timeout) or the server said it did not act on it (429, 503). Give the
+    request an idempotency key (`resilient.http.idempotent`) to retry it
+    like any other.
+
     Args:
         statuses: HTTP statuses to retry (default 429, 502, 503, 504; add
             500 if your dependency's 500s are transient).
         also: More exception classes to retry.
         never: Exception classes never to retry (checked first).
+        idempotent_methods: HTTP methods retried freely; None retries
+            every method alike.
+        idempotency_header: The header that makes any request safe to
+            repeat.
 
     Example:
         >>> import resilient
@@ -298,9 +399,32 @@ class Transient(_Classifier):
     statuses: frozenset[int] = attrs.field(
         default=DEFAULT_STATUSES, converter=_to_frozenset, validator=_statuses
     )
+    idempotent_methods: frozenset[str] | None = attrs.field(
+        default=IDEMPOTENT_METHODS,
+        converter=_to_methods,
+        validator=_methods,
+    )
+    idempotency_header: str = attrs.field(
+        default="Idempotency-Key", validator=_header_name
+    )
 
     def _sql_codes(self) -> frozenset[str]:
         return _SQLSTATE_RETRY
+
+    def _leaf(self, exc: Exception) -> bool:
+        if not super()._leaf(exc):
+            return False
+        methods = self.idempotent_methods
+        if methods is None:
+            return True
+        request = _request_of(exc)
+        if request is None or request[0] in methods:
+            return True
+        headers = request[1]
+        get = getattr(headers, "get", None)
+        if callable(get) and get(self.idempotency_header):
+            return True
+        return _not_sent(exc) or http_status(exc) in _NOT_PROCESSED
 
 
 @final
