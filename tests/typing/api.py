@@ -251,6 +251,14 @@ pay("3")  # type: ignore[arg-type]
 with payments_breaker as breaker_permit:
     assert_type(breaker_permit, resilient.BreakerPermit)
 
+
+async def _async_with_breaker() -> None:
+    async with payments_breaker as permit:
+        assert_type(permit, resilient.BreakerPermit)
+
+with payments_breaker as breaker_permit:
+    assert_type(breaker_permit, resilient.BreakerPermit)
+
 db = resilient.bulkhead("db", max_concurrent=10, max_wait=0.5)
 assert_type(db, resilient.Bulkhead)
 assert_type(db.statistics(), resilient.BulkheadStatistics)
