@@ -147,7 +147,7 @@ def _check_counts(cb: CircuitBreaker, tallies: list[dict[str, int]]) -> None:
 
 def test_thread_storm_counts_exactly() -> None:
     """
-    1,000 asynchronous exceptions thrown into 2 threads calling through
+    700 asynchronous exceptions thrown into 2 threads calling through
     one breaker (with, decorator, permit): the lock is free afterwards and
     the counts agree with what the callers saw.
     """
@@ -157,7 +157,7 @@ def test_thread_storm_counts_exactly() -> None:
     body = _body(cb, tally)
     result = storm(
         body,
-        exceptions=1_000,
+        exceptions=700,
         threads=2,
         seed=11,
         finish=lambda: tallies.append(dict(vars(tally))),
@@ -169,13 +169,13 @@ def test_thread_storm_counts_exactly() -> None:
 
 def test_thread_storm_through_every_state() -> None:
     """
-    1,000 asynchronous exceptions into 2 threads whose calls open,
+    700 asynchronous exceptions into 2 threads whose calls open,
     half-open and close the breaker over and over: no lock held, no probe
     slot leaked, and the breaker still admits calls afterwards.
     """
     cb = _cycling("storm-cycle")
     tally = _Tally()
-    result = storm(_body(cb, tally), exceptions=1_000, threads=2, seed=12)
+    result = storm(_body(cb, tally), exceptions=700, threads=2, seed=12)
     result.check()
     _check_free(cb)
     assert cb.statistics().times_opened > 10

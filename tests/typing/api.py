@@ -256,6 +256,7 @@ async def _async_with_breaker() -> None:
     async with payments_breaker as permit:
         assert_type(permit, resilient.BreakerPermit)
 
+
 with payments_breaker as breaker_permit:
     assert_type(breaker_permit, resilient.BreakerPermit)
 
