@@ -138,14 +138,22 @@ def exit_block(cell: list[Any], *args: Any) -> None:
     """
     cb, permit, exc = _unpack(cell, args)
     outcome = SUCCESS if exc is None else cb.config.outcome(exc)
-    cb._settle(permit, outcome)  # noqa: SLF001
+    events = cb._record(  # noqa: SLF001
+        permit.epoch, permit.start, permit.probe, outcome, permit
+    )
+    if events:
+        cb._notify(events)  # noqa: SLF001
 
 
 async def aexit_block(cell: list[Any], *args: Any) -> None:
     """The exit of one ``async with`` block (see `exit_block`)."""
     cb, permit, exc = _unpack(cell, args)
     outcome = SUCCESS if exc is None else cb.config.outcome(exc)
-    if exc is None or isinstance(exc, Exception):
-        await cb._asettle(permit, outcome)  # noqa: SLF001
-    else:  # Cancelled: never await while cancelled.
-        cb._settle(permit, outcome)  # noqa: SLF001
+    events = cb._record(  # noqa: SLF001
+        permit.epoch, permit.start, permit.probe, outcome, permit
+    )
+    if events:
+        if exc is None or isinstance(exc, Exception):
+            await cb._anotify(events)  # noqa: SLF001
+        else:  # Cancelled: never await while cancelled.
+            cb._notify(events)  # noqa: SLF001
