@@ -331,9 +331,13 @@ class _BreakerMachine:
                 return Reject(self.retry_after(now), _HALF_OPEN)
         self._seq += 1
         seq = self._seq
-        probes[seq] = now
         permit = BreakerPermit(owner, self.epoch, now, seq)
-        self._holders[seq] = weakref.ref(permit)
+        ref = weakref.ref(permit)
+        # Both entries in two stores with no call between them: an
+        # asynchronous exception lands before both or after both, never
+        # leaving a probe whose permit nobody can see dropped.
+        probes[seq] = now
+        self._holders[seq] = ref
         return permit
 
     def settle(
@@ -513,17 +517,22 @@ class _BreakerMachine:
     def _move(
         self, new: BreakerState, reason: TransitionReason, now: float
     ) -> BreakerTransition:
-        old, self.state = self.state, new
-        self.epoch += 1
-        self.gate = (
-            (self.epoch, collections.deque()) if new is _CLOSED else None
+        # Work out everything first, then commit with plain stores (no call
+        # between them, so no asynchronous exception can land halfway).
+        old = self.state
+        epoch = self.epoch + 1
+        gate: Gate | None = (
+            (epoch, collections.deque()) if new is _CLOSED else None
         )
-        self.probes.clear()
-        self._holders.clear()
-        self.successes = 0
         if new is _CLOSED:
             self.window.clear()
             self.interval = self.config.open_interval
+        self.successes = 0
+        self.probes = {}
+        self._holders = {}
+        self.state = new
+        self.epoch = epoch
+        self.gate = gate
         event = BreakerTransition(
             self.name, old, new, reason, now, self.retry_after(now)
         )
