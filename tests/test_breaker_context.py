@@ -157,3 +157,16 @@ async def test_async_admission_interface() -> None:
     await cb.asettle(permit, Outcome.FAILURE)  # settled once only
     stats = cb.statistics()
     assert (stats.calls, stats.failures) == (2, 1)
+
+
+def test_many_successes_are_taken_in(clock: Any) -> None:
+    """
+    Successes counted without the lock are taken into the window however
+    many pile up between two reads.
+    """
+    cb = resilient.CircuitBreaker("inbox")
+    guarded = cb(int)
+    for i in range(1000):
+        guarded(i)
+    assert cb.config == BreakerConfig()
+    assert cb.statistics().calls == 1000

@@ -371,3 +371,18 @@ class TestRegistry:
         cb.reset()
         cb.force_open()  # opening does not bring it back.
         assert _REGISTRY.kept() == []
+
+
+def test_an_interrupted_pin_heals_on_the_next_rejection(clock: Any) -> None:
+    """
+    An open breaker whose pin an exception interrupted (it reads
+    unpinned) is pinned again by the next call it rejects.
+    """
+    REGISTRY.limit = 1
+    cb = resilient.breaker("heal", _tripping())
+    _fail(cb)
+    REGISTRY.unpin("heal", cb)
+    cb._pinned = False
+    with pytest.raises(resilient.CircuitOpen):
+        cb.acquire()
+    assert "heal" in REGISTRY.kept()
