@@ -5,10 +5,11 @@ per bucket and the breaker's state over time.
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any, Final
 
 from resilient import BreakerState
-from resilient._simulate._render import _describe_policy
+from resilient._simulate._render import _describe_policy, render_header
 
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def _figure() -> Any:
     require_plotting()
     from matplotlib.figure import Figure  # noqa: PLC0415
 
-    return Figure(figsize=(10, 4), layout="tight")
+    return Figure(figsize=(10, 4.5), layout="tight")
 
 
 def plot_load(
@@ -109,15 +110,33 @@ def plot_breaker(
     ax.set_xlabel("time (s)")
 
 
-def save_plot(result: SimulationResult, path: str) -> None:
+def plot_title(result: SimulationResult) -> str:
     """
-    Write *result*'s load chart to the PNG file *path*, with the breaker's
-    state under it when there is a breaker.
+    The PNG's title: what was simulated (`render_header`), then the
+    headline figures, so that a drawing shown alone still says both.
+    """
+    s = result.summary
+    c = result.config
+    figures = [
+        f"{s.success_rate:.1%} succeeded",
+        f"amplification {s.amplification:.2f}x",
+    ]
+    if s.peak_after_outage is not None:
+        n, at = s.peak_after_outage
+        figures.append(
+            f"peak after outage {n / (c.capacity * c.bucket):.1f}x capacity "
+            f"at {at:g} s"
+        )
+    figures.append(f"drain {s.drain:.2f} s")
+    header = textwrap.fill(render_header(result), width=_TITLE_WIDTH)
+    return f"{header}\n{', '.join(figures)}"
 
-    Raises:
-        ImportError: matplotlib is missing (``pip install
-            'resilient[plot]'``).
-    """
+
+_TITLE_WIDTH: Final = 120
+
+
+def _draw(result: SimulationResult) -> Any:
+    """*result*'s figure: the load, and the breaker's state under it."""
     fig = _figure()
     if result.config.policy.breaker is None:
         ax = fig.subplots()
@@ -131,4 +150,18 @@ def save_plot(result: SimulationResult, path: str) -> None:
         plot_breaker(result, state)
         state.set_ylabel("breaker")
     ax.legend(loc="upper right")
-    fig.savefig(path, dpi=100)
+    fig.suptitle(plot_title(result), fontsize="small")
+    return fig
+
+
+def save_plot(result: SimulationResult, path: str) -> None:
+    """
+    Write *result*'s load chart to the PNG file *path*, with the breaker's
+    state under it when there is a breaker, and the configuration and the
+    headline figures in the title (`plot_title`).
+
+    Raises:
+        ImportError: matplotlib is missing (``pip install
+            'resilient[plot]'``).
+    """
+    _draw(result).savefig(path, dpi=100)

@@ -5,10 +5,12 @@ The simulator's text: the header, the load chart and the figures that
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Final
 
 from resilient import TimeWindow
 from resilient._simulate._config import strategy_of
+from resilient._simulate._diagnose import diagnose, differences
 
 
 if TYPE_CHECKING:
@@ -272,12 +274,45 @@ def _decimals(seconds: float) -> int:
 
 
 def render_text(result: SimulationResult, *, ascii_only: bool = False) -> str:
-    """What ``python -m resilient simulate`` prints: header, chart, figures."""
+    """
+    What ``python -m resilient simulate`` prints: header, chart, figures,
+    and what the figures say to change.
+    """
     return "\n\n".join(
         (
             render_header(result),
             render_chart(result, ascii_only=ascii_only),
             render_summary(result),
+            render_diagnosis(result),
         )
     )
 
+
+
+def render_diagnosis(result: SimulationResult) -> str:
+    """
+    What the figures say to change (`diagnose`), and where the run's policy
+    differs from the library's defaults, in the figures' two columns.
+    """
+    rows = [("what to change", line) for line in diagnose(result)]
+    changed = differences(result.config.policy)
+    if changed:
+        rows.append(
+            (
+                "not the defaults",
+                "this run's policy differs from the library's: "
+                + "; ".join(changed),
+            )
+        )
+    lines: list[str] = []
+    for key, text in rows:
+        wrapped = textwrap.wrap(
+            text, width=_WIDTH - _KEY - 1, break_on_hyphens=False
+        )
+        lines.append(f"{key:<{_KEY}} {wrapped[0]}")
+        lines += [f"{'':<{_KEY}} {more}" for more in wrapped[1:]]
+    return "\n".join(lines)
+
+
+_KEY: Final = 18
+_WIDTH: Final = 79
