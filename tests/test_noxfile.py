@@ -22,7 +22,7 @@ NOXFILE = Path(__file__).resolve().parent.parent / "noxfile.py"
 def noxfile() -> ModuleType:
     """noxfile.py, imported as a module (nox is installed here)."""
     pytest.importorskip("nox")
-    spec = importlib.util.spec_from_file_location("noxfile_under_test", NOXFILE)
+    spec = importlib.util.spec_from_file_location("noxfile_test", NOXFILE)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -80,7 +80,7 @@ def test_the_check_runs_before_nox_is_imported() -> None:
         f"sys.argv = [{str(NOXFILE)!r}, '-l']\n"
         f"runpy.run_path({str(NOXFILE)!r}, run_name='__main__')\n"
     )
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: S603 (this interpreter, fixed code)
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,

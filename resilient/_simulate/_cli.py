@@ -122,9 +122,11 @@ GROUPS: Final[dict[Part, tuple[str, str | None]]] = {
     ),
     "retry_budget": (
         "the retry budget",
-        "one retry budget shared by every client: retries within the window "
-        "stay under RATIO * calls + MIN * window; its options need "
-        "--retry-budget",
+        (
+            "one retry budget shared by every client: retries within the "
+            "window stay under RATIO * calls + MIN * window; its options need "
+            "--retry-budget"
+        ),
     ),
     "output": ("the run", None),
 }
@@ -437,9 +439,7 @@ def _build(
     values: dict[Part, dict[str, Any]], on: dict[Part, bool]
 ) -> SimulationConfig:
     """The configuration of *values*, with the guards that are *on*."""
-    breaker = (
-        make_breaker(**values["breaker"]) if on.get("breaker") else None
-    )
+    breaker = make_breaker(**values["breaker"]) if on.get("breaker") else None
     retry_budget = (
         RetryBudgetConfig(**values["retry_budget"])
         if on.get("retry_budget")
@@ -464,9 +464,7 @@ def _values(config: SimulationConfig) -> dict[str, object]:
     if strategy is None:
         raise ValueError(f"no --strategy is {p.backoff!r}")
     values: dict[str, object] = {
-        o.flag: getattr(config, o.name)
-        for o in OPTIONS
-        if o.part == "config"
+        o.flag: getattr(config, o.name) for o in OPTIONS if o.part == "config"
     }
     if config.burst is None:
         del values["--burst"]
@@ -488,7 +486,9 @@ def _values(config: SimulationConfig) -> dict[str, object]:
             raise ValueError(f"no --breaker-window is {b.window!r}")
         values["--breaker"] = True
         values |= {
-            o.flag: b.window.seconds if o.name == "window" else getattr(b, o.name)
+            o.flag: b.window.seconds
+            if o.name == "window"
+            else getattr(b, o.name)
             for o in OPTIONS
             if o.part == "breaker" and o.needs
         }
@@ -587,4 +587,3 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(command_parser=s)
     add_options(s)
     return p
-

@@ -107,9 +107,11 @@ def _early(result: SimulationResult) -> list[str]:
     if early.get("budget"):
         raise_.append(f"--budget (now {p.budget:g} s)")
     return [
-        f"{who} gave up before the dependency came back at {c.outage:g} s: "
-        f"raise {' or '.join(raise_)} so that the retries outlast the "
-        "outage"
+        (
+            f"{who} gave up before the dependency came back at "
+            f"{c.outage:g} s: raise {' or '.join(raise_)} so that the "
+            "retries outlast the outage"
+        )
     ]
 
 
@@ -157,8 +159,7 @@ def _overload(result: SimulationResult) -> list[str]:
         fixes.append("stop them while it fails with a breaker (--breaker)")
     if not fixes:
         fixes.append(
-            "lower --retry-budget-ratio, or give the dependency more "
-            "capacity"
+            "lower --retry-budget-ratio, or give the dependency more capacity"
         )
     return [
         f"the load after the outage reached {times:.1f}x the capacity "
@@ -177,10 +178,12 @@ def _budget(result: SimulationResult) -> list[str]:
     if refused <= BUDGET_GIVE_UPS * calls:
         return []
     return [
-        f"the retry budget failed {_share(refused, calls)} fast, to shed "
-        f"load: raise --retry-budget-ratio (now {r.ratio:g}) or "
-        f"--retry-budget-min (now {r.min_per_second:g}/s) if the dependency "
-        "can take more"
+        (
+            f"the retry budget failed {_share(refused, calls)} fast, to shed "
+            f"load: raise --retry-budget-ratio (now {r.ratio:g}) or "
+            f"--retry-budget-min (now {r.min_per_second:g}/s) if the "
+            "dependency can take more"
+        )
     ]
 
 
@@ -207,7 +210,16 @@ def differences(policy: Policy) -> tuple[str, ...]:
         out.append(f"{mine} (library: {d.budget:g} s)")
     if policy.backoff != d.backoff:
         out.append(f"{policy.backoff!r} (library: {d.backoff!r})")
-    b, db = policy.breaker, BreakerConfig()
+    return (
+        *out,
+        *_breaker_differences(policy.breaker),
+        *_budget_differences(policy.retry_budget),
+    )
+
+
+def _breaker_differences(b: BreakerConfig | None) -> list[str]:
+    out: list[str] = []
+    db = BreakerConfig()
     if b is not None:
         if isinstance(b.window, TimeWindow) and b.window != db.window:
             out.append(
@@ -227,7 +239,12 @@ def differences(policy: Policy) -> tuple[str, ...]:
                     f"breaker {name} {mine:g}{unit} "
                     f"(library: {theirs:g}{unit})"
                 )
-    r, dr = policy.retry_budget, RetryBudgetConfig()
+    return out
+
+
+def _budget_differences(r: RetryBudgetConfig | None) -> list[str]:
+    out: list[str] = []
+    dr = RetryBudgetConfig()
     if r is not None:
         for field, unit in (
             ("ratio", ""),
@@ -241,4 +258,4 @@ def differences(policy: Policy) -> tuple[str, ...]:
                     f"retry budget {name} {mine:g}{unit} "
                     f"(library: {theirs:g}{unit})"
                 )
-    return tuple(out)
+    return out

@@ -43,7 +43,11 @@ from resilient import BreakerState, CircuitOpen, RetryBudget, RetryMachine
 from resilient._breaker import _VERDICTS, SUCCESS, Reject, _BreakerMachine
 from resilient._core._decisions import GiveUp
 from resilient._simulate._config import SimulationConfig
-from resilient._simulate._result import CallOutcome, SimulationResult, _summarize
+from resilient._simulate._result import (
+    CallOutcome,
+    SimulationResult,
+    _summarize,
+)
 from resilient.testing import use_clock
 
 

@@ -288,7 +288,6 @@ def render_text(result: SimulationResult, *, ascii_only: bool = False) -> str:
     )
 
 
-
 def render_diagnosis(result: SimulationResult) -> str:
     """
     What the figures say to change (`diagnose`), and where the run's policy

@@ -263,4 +263,3 @@ def _summarize(
             0.0 if overload_end is None else overload_end - config.outage
         ),
     )
-
