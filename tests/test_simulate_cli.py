@@ -17,7 +17,7 @@ from resilient import __main__ as cli
 from resilient import simulation as sim
 
 
-pytest_plugins = ["tests.simulate_runs"]
+pytest_plugins = ["tests.simulate_fixtures"]
 
 
 class TestCommandLine:

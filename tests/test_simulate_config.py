@@ -17,7 +17,7 @@ from resilient._simulate import _config
 from resilient.exceptions import ConfigError, ConfigTypeError
 
 
-pytest_plugins = ["tests.simulate_runs"]
+pytest_plugins = ["tests.simulate_fixtures"]
 
 
 class TestConfig:

@@ -5,6 +5,7 @@ real machine, the breaker and the retry budget the fleet shares.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import math
 from typing import Any
@@ -17,7 +18,7 @@ from resilient._simulate import _engine, _result
 from tests.simulate_runs import guarded, outage_buckets, run
 
 
-pytest_plugins = ["tests.simulate_runs"]
+pytest_plugins = ["tests.simulate_fixtures"]
 
 
 class TestTheIssueCriterion:
@@ -556,14 +557,123 @@ class TestTheProcessClock:
         assert _clock.get_clock() is clock
 
     def test_simulate_restores_the_clock_on_error(
-        self, clock: resilient.testing.FakeClock
+        self,
+        clock: resilient.testing.FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
     ) -> None:
-        """The previous clock comes back even when the simulation raises."""
+        """
+        With a retry budget, the previous clock comes back even when the
+        simulation raises.
+        """
         from resilient._core import _clock
 
+        def fail(self: object) -> None:
+            assert _clock.get_clock() is not clock
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(_engine._Run, "run", fail)
+        with pytest.raises(RuntimeError, match="boom"):
+            guarded(retry_budget=True, clients=1)
+        assert _clock.get_clock() is clock
+
+    def test_without_a_retry_budget_the_clock_is_left_alone(
+        self,
+        clock: resilient.testing.FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """
+        Only the retry budget reads the process's clock: without one, the
+        clock is never swapped, so a run may share the process with real
+        calls (the breaker and the clients' machines take the simulated
+        time as an argument).
+        """
+        from resilient._core import _clock
+
+        seen: list[object] = []
+        real = _engine._Run.run
+
+        def spy(self: _engine._Run) -> None:
+            seen.append(_clock.get_clock())
+            real(self)
+
+        monkeypatch.setattr(_engine._Run, "run", spy)
+        guarded(breaker=True, clients=20)
+        assert seen == [clock]
+
+
+class TestTheEngineCost:
+    def test_heap_work_is_bounded_by_time_not_by_the_fleet(self) -> None:
+        """
+        The calendar queue pushes in O(1): its heap (of time slots, 1/1024 s
+        each) is pushed and popped at most once per slot the run spans,
+        whatever the number of events, and an event goes into the slot
+        being run (a sorted insertion) only for a wait under a millisecond,
+        which is rare.
+        """
+        config = sim.SimulationConfig(clients=5000)
+        run_ = _engine._Run(config, _engine._VirtualClock())
+        run_.run()
+        result = run_.result()
+        calendar = run_.calendar
+        slots_spanned = math.ceil(result.end * 1024) + 1
+        assert calendar.heap_ops - calendar.inserts <= 2 * slots_spanned
+        assert calendar.inserts < 0.01 * result.summary.attempts
+        assert result.summary.attempts > 2 * slots_spanned
+
+    def test_the_calendar_keeps_heap_order(self) -> None:
+        """
+        Events come out of the calendar in (time, push order) order, ties
+        and far times included, exactly as from a heap: the same run as
+        before the calendar, draw for draw.
+        """
+        times = [0.5, 0.0, 0.5, 1e-9, 3.0, 0.0, 2.0**-10, 1e308, 1e308]
+        calendar = _engine._Calendar(times)
+        out = []
+        while calendar.current or calendar.next_slot():
+            at, seq, _ = calendar.current.pop()
+            out.append((at, seq))
+        assert out == sorted((at, seq) for seq, at in enumerate(times))
+
+    def test_waits_under_a_millisecond_keep_their_order(self) -> None:
+        """
+        A retry due within the calendar slot being run (here every wait is
+        0: testing mode) is put in its place in that slot, after the events
+        already due at the same time: attempts still come one per client
+        in turn, and the run ends.
+        """
+        with resilient.testing.set_testing(True):
+            result = run("full", clients=30, outage=1.0, spread=0.0)
+        assert result.summary.attempts == 30 * 10
+        assert result.summary.give_ups == (("attempts", 30),)
+
+    def test_the_collector_is_back_on_after_a_run(self) -> None:
+        """
+        The cyclic garbage collector is off while a run makes its millions
+        of objects, and on again after it, even when the run raises.
+        """
+        assert gc.isenabled()
+        sim.simulate(sim.SimulationConfig(clients=10))
+        assert gc.isenabled()
         policy = resilient.Policy(
             attempts=None, budget=1.0, backoff=resilient.Constant(seconds=0)
         )
         with pytest.raises(RuntimeError):
             sim.simulate(sim.SimulationConfig(clients=1, policy=policy))
-        assert _clock.get_clock() is clock
+        assert gc.isenabled()
+
+    def test_a_run_stopped_early_makes_no_late_clients(self) -> None:
+        """
+        A client is made at its first attempt: with a duration that ends
+        before most calls start, those calls are unfinished with one
+        attempt counted and no end, as before.
+        """
+        result = sim.simulate(
+            sim.SimulationConfig(clients=100, spread=10.0, duration=1.0)
+        )
+        late = [c for c in result.calls if c.start >= 1.0]
+        assert late
+        assert all(
+            (c.end, c.attempts, c.ok, c.reason)
+            == (None, 1, False, "unfinished")
+            for c in late
+        )

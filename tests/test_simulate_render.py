@@ -16,7 +16,7 @@ from resilient._simulate import _render, _result
 from tests.simulate_runs import guarded, run
 
 
-pytest_plugins = ["tests.simulate_runs"]
+pytest_plugins = ["tests.simulate_fixtures"]
 
 
 class TestRendering:

@@ -256,7 +256,15 @@ class _Calendar:
     without timing it.
     """
 
-    __slots__ = ("current", "heap_ops", "later", "now_slot", "seq", "slots")
+    __slots__ = (
+        "current",
+        "heap_ops",
+        "inserts",
+        "later",
+        "now_slot",
+        "seq",
+        "slots",
+    )
 
     def __init__(self, times: list[float]) -> None:
         slots: dict[int, list[_Event]] = {}
@@ -279,6 +287,8 @@ class _Calendar:
         self.heap_ops = 0
         """Pushes and pops on the heap of slots, and insertions into the
         slot being run: O(log n) steps, the rest are O(1)."""
+        self.inserts = 0
+        """Of those, the insertions into the slot being run."""
 
     def next_slot(self) -> bool:
         """Move on to the next slot with events; False if there is none."""
@@ -438,6 +448,7 @@ class _Run:
                 # millisecond): in its place among the rest.
                 insort(current, (at, seq, client), key=_latest_first)
                 calendar.heap_ops += 1
+                calendar.inserts += 1
                 continue
             events = slots.get(slot)
             if events is None:
