@@ -6,6 +6,7 @@ and the public module `resilient.simulation`.
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import pytest
 import resilient
 from resilient import __main__ as cli
 from resilient import simulation as sim
+from resilient._simulate import _cli
 
 
 pytest_plugins = ["tests.simulate_fixtures"]
@@ -367,3 +369,117 @@ class TestThePublicModule:
             timeout=60,
         )
         assert proc.stdout.strip() == "[]"
+
+
+class TestTheOptionTable:
+    def test_every_option_is_parsed_and_helped_with_its_default(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """
+        The parser has every option of the table, in its group, and the
+        help shows each one's default (and the switch a guard's option
+        needs).
+        """
+        with pytest.raises(SystemExit):
+            cli.main(["simulate", "--help"])
+        # argparse wraps at hyphens: "--retry-\n budget" reads back joined.
+        text = re.sub(r"-\s+", "-", " ".join(capsys.readouterr().out.split()))
+        for option in _cli.OPTIONS:
+            assert option.flag in text
+            assert re.sub(r"-\s+", "-", option.help) in text
+        assert "(default: 10; needs --breaker)" in text
+        assert "(default: 0.2; needs --retry-budget)" in text
+
+    def test_the_defaults_are_the_configurations(self) -> None:
+        """
+        No option given gives `SimulationConfig()`: the table's defaults
+        are the configuration's and make_policy's.
+        """
+        args = cli.parser().parse_args(["simulate"])
+        assert cli.config_from_args(args) == sim.SimulationConfig()
+
+    @pytest.mark.parametrize(
+        ("field", "option"),
+        [
+            ("SimulationConfig.clients", "--clients"),
+            ("SimulationConfig.rate_until", "--rate-until"),
+            ("Policy.attempts", "--attempts"),
+            ("FullJitter.cap", "--cap"),
+            ("DecorrelatedJitter.base", "--base"),
+            ("Constant.seconds", "--base"),
+            ("strategy", "--strategy"),
+            ("TimeWindow.seconds", "--breaker-window"),
+            ("BreakerConfig.max_open_interval", "--breaker-open-interval"),
+            ("RetryBudgetConfig.min_per_second", "--retry-budget-min"),
+            ("Unknown.some_field", "--some-field"),
+        ],
+    )
+    def test_a_refused_field_is_reported_under_its_option(
+        self, field: str, option: str
+    ) -> None:
+        """A refused setting's field maps to the option the user typed."""
+        assert _cli.option_of(field) == option
+
+    def test_every_refusal_field_belongs_to_one_option(self) -> None:
+        """No two options claim the same refused field."""
+        fields = [f for o in _cli.OPTIONS for f in o.errors]
+        assert len(fields) == len(set(fields))
+
+    def test_the_docs_table_lists_every_option_with_its_default(
+        self,
+    ) -> None:
+        """
+        docs/simulator.md's table of options has a row for each option of
+        the table, in its order, and nothing else.
+        """
+        docs = Path(__file__).resolve().parent.parent / "docs/simulator.md"
+        text = docs.read_text(encoding="utf-8")
+        table = text.split("## Options", 1)[1].split("\n\n", 2)[1]
+        rows = [
+            line.split("|")[1].strip().strip("`").split()[0]
+            for line in table.splitlines()
+            if line.startswith("| `--")
+        ]
+        assert rows == [o.flag for o in _cli.OPTIONS]
+
+    def test_argv_follows_the_table(self) -> None:
+        """
+        `SimulationConfig.argv` writes the options in the table's order,
+        leaving out what is derived (burst, duration) or off (the steady
+        traffic, the guards, the cap of ``constant``).
+        """
+        config = sim.SimulationConfig(
+            policy=sim.make_policy("constant", base=0.5)
+        )
+        assert config.argv() == [
+            "--clients=1000",
+            "--outage=5.0",
+            "--capacity=500.0",
+            "--service-time=0.02",
+            "--spread=0.1",
+            "--strategy=constant",
+            "--base=0.5",
+            "--attempts=10",
+            "--budget=30.0",
+            "--seed=0",
+            "--bucket=0.5",
+        ]
+
+    def test_a_count_window_breaker_has_no_command(self) -> None:
+        """
+        A breaker over a count window cannot be written as options (the
+        CLI's window is seconds): the command is refused.
+        """
+        breaker = resilient.BreakerConfig(window=resilient.CountWindow(10))
+        config = sim.SimulationConfig(policy=sim.make_policy(breaker=breaker))
+        with pytest.raises(ValueError, match="cannot express"):
+            config.command()
+
+    def test_a_rate_of_zero_leaves_its_end_out(self) -> None:
+        """
+        Without steady traffic, when it would stop does not matter: the
+        command leaves both out, and still parses back to the same run.
+        """
+        config = sim.SimulationConfig(rate_until=7.0)
+        argv = config.argv()
+        assert not any(a.startswith("--rate") for a in argv)

@@ -193,3 +193,17 @@ class TestGuardConfig:
         config = sim.SimulationConfig(policy=sim.make_policy(breaker=breaker))
         with pytest.raises(ValueError, match="cannot express"):
             config.command()
+
+
+@pytest.mark.parametrize("field", ["capacity", "rate", "burst"])
+def test_a_rate_is_not_a_duration(field: str) -> None:
+    """
+    *capacity*, *rate* and *burst* are counts per second or counts, not
+    durations: a `datetime.timedelta` is refused (it used to be read as
+    its seconds, so ``capacity=timedelta(minutes=1)`` meant 60 per second),
+    while an int is a float.
+    """
+    with pytest.raises(ConfigTypeError) as info:
+        sim.SimulationConfig(**{field: dt.timedelta(minutes=1)})  # type: ignore[arg-type]
+    assert info.value.field == f"SimulationConfig.{field}"
+    assert getattr(sim.SimulationConfig(**{field: 60}), field) == 60.0  # type: ignore[arg-type]

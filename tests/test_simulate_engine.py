@@ -646,19 +646,32 @@ class TestTheEngineCost:
         assert result.summary.attempts == 30 * 10
         assert result.summary.give_ups == (("attempts", 30),)
 
-    def test_the_collector_is_back_on_after_a_run(self) -> None:
+    def test_the_collector_is_back_on_after_a_run(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
         """
         The cyclic garbage collector is off while a run makes its millions
         of objects, and on again after it, even when the run raises.
         """
+        seen: list[bool] = []
+        real = _engine._Run.run
+
+        def spy(self: _engine._Run) -> None:
+            seen.append(gc.isenabled())
+            real(self)
+
+        monkeypatch.setattr(_engine._Run, "run", spy)
         assert gc.isenabled()
         sim.simulate(sim.SimulationConfig(clients=10))
+        assert seen == [False]
         assert gc.isenabled()
-        policy = resilient.Policy(
-            attempts=None, budget=1.0, backoff=resilient.Constant(seconds=0)
-        )
-        with pytest.raises(RuntimeError):
-            sim.simulate(sim.SimulationConfig(clients=1, policy=policy))
+
+        def fail(self: object) -> None:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(_engine._Run, "run", fail)
+        with pytest.raises(RuntimeError, match="boom"):
+            sim.simulate(sim.SimulationConfig(clients=1))
         assert gc.isenabled()
 
     def test_a_run_stopped_early_makes_no_late_clients(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import resilient
 from resilient import simulation as sim
-from resilient._simulate import _render, _result
+from resilient._simulate import _plot, _render, _result
 from tests.simulate_runs import guarded, run
 
 
@@ -189,3 +189,31 @@ class TestGuardRendering:
         ax = Figure().subplots()
         sim.plot_breaker(guarded(clients=1), ax)
         assert ax.get_lines() == []
+
+
+class TestPlotTitle:
+    def test_the_title_has_the_configuration_and_the_figures(
+        self, none: sim.SimulationResult
+    ) -> None:
+        """
+        The PNG's title says what was simulated (the header, wrapped) and
+        the headline figures: success rate, amplification, the peak after
+        the outage as a multiple of the capacity, and the drain.
+        """
+        title = _plot.plot_title(none)
+        header, figures = title.rsplit("\n", 1)
+        assert " ".join(header.split("\n")) == _render.render_header(none)
+        assert figures == (
+            "46.7% succeeded, amplification 9.04x, peak after outage 4.0x "
+            "capacity at 6 s, drain 21.30 s"
+        )
+
+    def test_the_png_carries_the_title(
+        self, broken: sim.SimulationResult
+    ) -> None:
+        """The drawn figure's title is `plot_title`, with or without a
+        breaker."""
+        pytest.importorskip("matplotlib")
+        for result in (broken, guarded(clients=20)):
+            fig = _plot._draw(result)
+            assert fig.get_suptitle() == _plot.plot_title(result)
