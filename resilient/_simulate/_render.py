@@ -293,23 +293,33 @@ def render_diagnosis(result: SimulationResult) -> str:
     What the figures say to change (`diagnose`), and where the run's policy
     differs from the library's defaults, in the figures' two columns.
     """
-    rows = [("what to change", line) for line in diagnose(result)]
+    findings = diagnose(result)
+    # One finding per item, marked when there are several.
+    mark = "- " if len(findings) > 1 else ""
+    rows = [
+        ("" if i else "what to change", mark, line)
+        for i, line in enumerate(findings)
+    ]
     changed = differences(result.config.policy)
     if changed:
         rows.append(
             (
                 "not the defaults",
+                "",
                 "this run's policy differs from the library's: "
                 + "; ".join(changed),
             )
         )
     lines: list[str] = []
-    for key, text in rows:
+    for key, bullet, text in rows:
         wrapped = textwrap.wrap(
-            text, width=_WIDTH - _KEY - 1, break_on_hyphens=False
+            text,
+            width=_WIDTH - _KEY - 1 - len(bullet),
+            break_on_hyphens=False,
         )
-        lines.append(f"{key:<{_KEY}} {wrapped[0]}")
-        lines += [f"{'':<{_KEY}} {more}" for more in wrapped[1:]]
+        lines.append(f"{key:<{_KEY}} {bullet}{wrapped[0]}")
+        indent = " " * (_KEY + 1 + len(bullet))
+        lines += [indent + more for more in wrapped[1:]]
     return "\n".join(lines)
 
 
