@@ -20,14 +20,14 @@ import subprocess
 import sys
 import venv
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 MINIMUM_PYTHON = (3, 11)
 """The oldest Python the project supports (pyproject's requires-python)."""
 
 
-def check_python(version_info: tuple[int, ...] = sys.version_info) -> None:
+def check_python(version_info: tuple[Any, ...] = sys.version_info) -> None:
     """
     Refuse a Python older than `MINIMUM_PYTHON`, saying what is needed.
 

@@ -31,6 +31,7 @@ from resilient._simulate._engine import simulate
 from resilient._simulate._plot import plot_breaker, plot_load, save_plot
 from resilient._simulate._render import (
     render_chart,
+    render_diagnosis,
     render_summary,
     render_text,
     short_label,
@@ -52,6 +53,7 @@ __all__ = [  # noqa: RUF022
     "plot_breaker",
     "plot_load",
     "render_chart",
+    "render_diagnosis",
     "render_summary",
     "render_text",
     "save_plot",

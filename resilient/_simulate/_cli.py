@@ -33,7 +33,7 @@ from resilient._simulate._config import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from resilient.typing import Backoff
 
@@ -421,7 +421,9 @@ def config_from_args(args: argparse.Namespace) -> SimulationConfig:
         "breaker": {},
         "retry_budget": {},
     }
-    on = {part: bool(getattr(args, o.dest)) for part, o in SWITCHES.items()}
+    on: dict[Part, bool] = {
+        part: bool(getattr(args, o.dest)) for part, o in SWITCHES.items()
+    }
     for o in OPTIONS:
         if o.part == "output" or o.parse is None:
             continue
@@ -559,11 +561,6 @@ def option_of(field: str) -> str:
         if field in o.errors or (cls and f"*.{name}" in o.errors):
             return o.flag
     return "--" + name.replace("_", "-")
-
-
-def knobs() -> Iterator[Option]:
-    """The options of the guards that need a switch."""
-    return (o for o in OPTIONS if o.needs)
 
 
 def parser() -> argparse.ArgumentParser:
