@@ -49,6 +49,11 @@ from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
+from resilient._core._transient import (
+    DependencyFailure,
+    Transient,
+    http_status,
+)
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
@@ -97,6 +102,7 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "DecorrelatedJitter",
+    "DependencyFailure",
     "EqualJitter",
     "Exponential",
     "FullJitter",
@@ -113,6 +119,7 @@ __all__ = [
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
+    "Transient",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -121,6 +128,7 @@ __all__ = [
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
+    "http_status",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
