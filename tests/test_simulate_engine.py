@@ -270,7 +270,7 @@ class TestTheGuardSeam:
                 heard.append((client.machine.attempt, error is None))
 
         monkeypatch.setattr(
-            _engine, "_guard", lambda config: OnlyFirstAttempts()
+            _engine, "_guard", lambda config, clock: OnlyFirstAttempts()
         )
         result = run("full", clients=40)
         s = result.summary

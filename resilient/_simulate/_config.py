@@ -13,15 +13,16 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 
-from resilient._core._backoff import (
+from resilient import (
+    BreakerConfig,
     Constant,
     DecorrelatedJitter,
     EqualJitter,
     Exponential,
     FullJitter,
+    Policy,
+    TimeWindow,
 )
-from resilient._core._config_breaker import BreakerConfig, TimeWindow
-from resilient._core._policy import Policy
 from resilient._core._validate import (
     check_int,
     check_number,
@@ -37,7 +38,7 @@ from resilient.exceptions import ConfigError, ConfigTypeError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from resilient._core._config_retry_budget import RetryBudgetConfig
+    from resilient import RetryBudgetConfig
     from resilient.typing import Backoff
 
 

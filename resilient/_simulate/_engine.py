@@ -33,15 +33,17 @@ from __future__ import annotations
 import bisect
 import gc
 import heapq
+import inspect
 import math
 import random
-from typing import TYPE_CHECKING, Final, Protocol, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 import attrs
 
-from resilient import BreakerState, CircuitOpen, RetryBudget, RetryMachine
+from resilient import BreakerState, CircuitOpen, RetryBudget
 from resilient._breaker import _VERDICTS, SUCCESS, Reject, _BreakerMachine
 from resilient._core._decisions import GiveUp
+from resilient._retry import RetryMachine
 from resilient._simulate._config import SimulationConfig
 from resilient._simulate._result import (
     CallOutcome,
@@ -122,17 +124,13 @@ class _FleetGuard:
 
     __slots__ = ("breaker", "budget", "transitions")
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, clock: _VirtualClock) -> None:
         self.breaker = (
             None
             if policy.breaker is None
             else _BreakerMachine(policy.breaker, policy.name)
         )
-        self.budget = (
-            None
-            if policy.retry_budget is None
-            else RetryBudget(policy.name, policy.retry_budget)
-        )
+        self.budget = _budget(policy, clock)
         self.transitions: list[BreakerTransition] = []
 
     def begin(self, now: float) -> None:
@@ -173,12 +171,28 @@ class _FleetGuard:
             machine.outbox = []
 
 
-def _guard(config: SimulationConfig) -> _Guard | None:
+_BUDGET_TAKES_A_CLOCK: Final = (
+    "clock" in inspect.signature(RetryBudget).parameters
+)
+"""Whether `RetryBudget` can read the simulation's clock; if not, `simulate`
+points the process's clock at the simulation's while it runs."""
+
+
+def _budget(policy: Policy, clock: _VirtualClock) -> RetryBudget | None:
+    """The fleet's retry budget, reading *clock* when it can."""
+    config = policy.retry_budget
+    if config is None:
+        return None
+    reads: dict[str, Any] = {"clock": clock} if _BUDGET_TAKES_A_CLOCK else {}
+    return RetryBudget(policy.name, config, **reads)
+
+
+def _guard(config: SimulationConfig, clock: _VirtualClock) -> _Guard | None:
     """The guard the whole fleet shares for *config*; None for none."""
     policy = config.policy
     if policy.breaker is None and policy.retry_budget is None:
         return None
-    return _FleetGuard(policy)
+    return _FleetGuard(policy, clock)
 
 
 _MAX_ATTEMPTS_PER_CLIENT: Final = 100_000
@@ -313,7 +327,7 @@ class _Run:
     def __init__(self, config: SimulationConfig, clock: _VirtualClock):
         self.config = config
         self.clock = clock
-        self.guard = _guard(config)
+        self.guard = _guard(config, clock)
         self.load: list[int] = []
         self.served: list[int] = []
         self.last = 0.0
@@ -548,10 +562,10 @@ def simulate(config: SimulationConfig | None = None) -> SimulationResult:
     """
     clock = _VirtualClock()
     config = config if config is not None else SimulationConfig()
-    if config.policy.retry_budget is None:
-        return _simulate(config, clock)
-    with use_clock(clock):
-        return _simulate(config, clock)
+    if config.policy.retry_budget is not None and not _BUDGET_TAKES_A_CLOCK:
+        with use_clock(clock):
+            return _simulate(config, clock)
+    return _simulate(config, clock)
 
 
 def _simulate(
