@@ -548,13 +548,37 @@ class TestTheProcessClock:
         self, clock: resilient.testing.FakeClock
     ) -> None:
         """
-        `simulate` points the process's clock at the simulation's while it
-        runs (the retry budget reads it) and puts the previous one back.
+        After a run with a retry budget, the process's clock is the one it
+        was before.
         """
         from resilient._core import _clock
 
         guarded(retry_budget=True, clients=20)
         assert _clock.get_clock() is clock
+
+    def test_the_clock_is_swapped_only_for_a_budget_that_reads_it(
+        self,
+        clock: resilient.testing.FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """
+        A `RetryBudget` that takes a clock reads the simulation's, and the
+        process's clock is left alone; one that reads only the process's
+        clock gets it pointed at the simulation's for the run.
+        """
+        from resilient._core import _clock
+
+        seen: list[object] = []
+        real = _engine._Run.run
+
+        def spy(self: _engine._Run) -> None:
+            seen.append(_clock.get_clock())
+            real(self)
+
+        monkeypatch.setattr(_engine._Run, "run", spy)
+        result = guarded(retry_budget=True, clients=20)
+        assert (seen == [clock]) is _engine._BUDGET_TAKES_A_CLOCK
+        assert result.summary.budget_calls == 20
 
     def test_simulate_restores_the_clock_on_error(
         self,
@@ -562,13 +586,12 @@ class TestTheProcessClock:
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """
-        With a retry budget, the previous clock comes back even when the
-        simulation raises.
+        The process's clock is the previous one after a run that raised,
+        with a retry budget too.
         """
         from resilient._core import _clock
 
         def fail(self: object) -> None:
-            assert _clock.get_clock() is not clock
             raise RuntimeError("boom")
 
         monkeypatch.setattr(_engine._Run, "run", fail)
@@ -582,10 +605,9 @@ class TestTheProcessClock:
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """
-        Only the retry budget reads the process's clock: without one, the
-        clock is never swapped, so a run may share the process with real
-        calls (the breaker and the clients' machines take the simulated
-        time as an argument).
+        Without a retry budget the clock is never swapped, so a run may
+        share the process with real calls (the breaker's machine and the
+        clients' machines take the simulated time as an argument).
         """
         from resilient._core import _clock
 
