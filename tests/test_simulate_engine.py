@@ -712,3 +712,26 @@ class TestTheEngineCost:
             == (None, 1, False, "unfinished")
             for c in late
         )
+
+    def test_a_request_served_past_the_duration_is_unfinished(self) -> None:
+        """
+        A request the dependency served whose service ends after the run's
+        duration leaves its call unfinished (no end, one attempt), with or
+        without a breaker waiting on that end.
+        """
+        for breaker in (False, True):
+            result = guarded(
+                breaker=breaker,
+                clients=1,
+                outage=0.0,
+                spread=0.0,
+                service_time=1.0,
+                duration=0.5,
+            )
+            (call,) = result.calls
+            assert (call.end, call.attempts, call.reason) == (
+                None,
+                1,
+                "unfinished",
+            )
+            assert result.served[0] == 1

@@ -217,3 +217,29 @@ class TestPlotTitle:
         for result in (broken, guarded(clients=20)):
             fig = _plot._draw(result)
             assert fig.get_suptitle() == _plot.plot_title(result)
+
+    def test_a_run_cut_before_the_outage_ends_has_no_peak_after_it(
+        self,
+    ) -> None:
+        """
+        A run stopped during the outage has no bucket after it: the title
+        leaves that figure out.
+        """
+        result = guarded(clients=20, duration=2.0)
+        assert result.summary.peak_after_outage is None
+        title = _plot.plot_title(result)
+        assert "peak after outage" not in title
+        assert title.rsplit("\n", 1)[1] == (
+            "0.0% succeeded, amplification 4.75x, drain 0.00 s"
+        )
+
+
+def test_a_run_with_the_librarys_policy_says_nothing_about_defaults() -> None:
+    """
+    With the library's own policy settings (4 attempts), the diagnosis has
+    no ``not the defaults`` line.
+    """
+    result = run("full", clients=50, attempts=4)
+    text = _render.render_diagnosis(result)
+    assert text.startswith("what to change     every call gave up")
+    assert "not the defaults" not in text
