@@ -50,6 +50,11 @@ from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
+from resilient._core._transient import (
+    DependencyFailure,
+    Transient,
+    http_status,
+)
 from resilient._fence import fence_guard, fenced_update
 from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
@@ -102,6 +107,7 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "DecorrelatedJitter",
+    "DependencyFailure",
     "EqualJitter",
     "Exponential",
     "FullJitter",
@@ -124,6 +130,7 @@ __all__ = [
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
+    "Transient",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -134,6 +141,7 @@ __all__ = [
     "default_retry_after",
     "fence_guard",
     "fenced_update",
+    "http_status",
     "lock",
     "parse_deadline_header",
     "parse_retry_after",
