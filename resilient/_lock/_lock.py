@@ -29,7 +29,7 @@ from resilient._backends import (
     check_url,
     open_backend,
 )
-from resilient._core import _clock, _telemetry
+from resilient._core import _clock, _loops, _telemetry
 from resilient._core._decorate import decorate
 from resilient._lock._config import LockConfig, default_backend_url
 from resilient._lock._machine import (
@@ -419,10 +419,10 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
     ``except BaseException`` can release it whatever line was interrupted.
     """
     clock = _clock.get_clock()
-    if config.wait > 0 and _timeout._async_library() is not None:  # noqa: SLF001
-        raise RuntimeError(
-            f"lock {lock.key.shown!r}: a blocking acquire would block the "
-            "event loop; use `async with` (or `await lock.aacquire()`)"
+    if config.wait > 0:
+        _loops.refuse_blocking(
+            f"a blocking acquire of lock {lock.key.shown!r}",
+            "`async with` the lock (or `await lock.aacquire()`)",
         )
     holder = _me(None)
     _claim(lock, holder)
@@ -515,7 +515,7 @@ async def _aacquire(
     import anyio  # noqa: PLC0415
 
     clock = _clock.get_clock()
-    library = _timeout._async_library() or "asyncio"  # noqa: SLF001
+    library = _loops.current_async_library() or "asyncio"
     holder = _me(library)
     _claim(lock, holder)
     loop = _loop_token(library)
@@ -524,7 +524,7 @@ async def _aacquire(
     telemetry = _Telemetry(lock.key, backend.scheme)
     owner = OwnerToken()
     acq = Acquisition(config, clock.now(), _clock.current_deadline(), _RNG)
-    call = _timeout._loop_caller(library)  # noqa: SLF001
+    call = _loops.loop_caller(library)
     events: list[anyio.Event] = [anyio.Event()]
 
     def notify() -> None:
@@ -717,6 +717,7 @@ class Lock:
             _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             scope.__enter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
+            return lease  # Inside the try: an interrupt here still cleans up.
         except BaseException:
             self._forget(out)
             if scope is not None and scope._state == "entered":  # noqa: SLF001
@@ -724,13 +725,12 @@ class Lock:
             if out:
                 out[0].release()
             raise
-        return lease
 
-    def _top(self) -> tuple[Lease, _timeout.TimeoutScope]:
+    def _top(self) -> tuple[Lease, _timeout.TimeoutScope] | None:
         for lock, lease, scope in reversed(_ENTERED.get()):
             if lock is self:
                 return lease, scope
-        raise RuntimeError(f"{self!r} was not entered in this context")
+        return None
 
     def _forget(self, leases: list[Lease]) -> None:
         entered = _ENTERED.get()
@@ -745,17 +745,29 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        lease, scope = self._top()
-        swallowed = False
-        lost = False
+        # The release runs on the normal path and again, from scratch, if
+        # an interrupt lands anywhere in it: every step is idempotent.
         try:
+            entry = self._top()
+            if entry is None:
+                raise RuntimeError(f"{self!r} was not entered here")
+            lease, scope = entry
             swallowed = scope.__exit__(exc_type, exc, tb)
-        finally:
-            try:
-                lost = lease.lost
-                lease.release()
-            finally:
-                self._forget([lease])
+            lost = lease.lost
+            lease.release()
+            self._forget([lease])
+        except BaseException:
+            entry = self._top()
+            if entry is not None:
+                try:
+                    if entry[1]._state == "entered":  # noqa: SLF001
+                        entry[1].__exit__(None, None, None)
+                finally:
+                    try:
+                        entry[0].release()
+                    finally:
+                        self._forget([entry[0]])
+            raise
         return _outcome(lease, exc, swallowed, lost)
 
     async def __aenter__(self) -> Lease:
@@ -769,6 +781,7 @@ class Lock:
             _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             await scope.__aenter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
+            return lease  # Inside the try: an interrupt here still cleans up.
         except BaseException:
             self._forget(out)
             if scope is not None and scope._state == "entered":  # noqa: SLF001
@@ -776,7 +789,6 @@ class Lock:
             if out:
                 await out[0].arelease()
             raise
-        return lease
 
     async def __aexit__(
         self,
@@ -784,17 +796,29 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        lease, scope = self._top()
-        swallowed = False
-        lost = False
+        # The release runs on the normal path and again, from scratch, if
+        # an interrupt lands anywhere in it: every step is idempotent.
         try:
+            entry = self._top()
+            if entry is None:
+                raise RuntimeError(f"{self!r} was not entered here")
+            lease, scope = entry
             swallowed = await scope.__aexit__(exc_type, exc, tb)
-        finally:
-            try:
-                lost = lease.lost
-                await lease.arelease()
-            finally:
-                self._forget([lease])
+            lost = lease.lost
+            await lease.arelease()
+            self._forget([lease])
+        except BaseException:
+            entry = self._top()
+            if entry is not None:
+                try:
+                    if entry[1]._state == "entered":  # noqa: SLF001
+                        await entry[1].__aexit__(None, None, None)
+                finally:
+                    try:
+                        await entry[0].arelease()
+                    finally:
+                        self._forget([entry[0]])
+            raise
         return _outcome(lease, exc, swallowed, lost)
 
     # -- as a decorator ----------------------------------------------------
