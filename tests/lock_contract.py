@@ -233,7 +233,9 @@ class BackendContract:
         assert isinstance(backend.acquire(key, OwnerToken(), 10.0), Busy)
 
     def test_a_lease_deleted_behind_its_back_is_not_renewed(
-        self, lock_backend_url: str, delete_lease: Callable[[str, LockKey], None]
+        self,
+        lock_backend_url: str,
+        delete_lease: Callable[[str, LockKey], None],
     ) -> None:
         """When the store loses a lease (deleted by someone else), renewal
         says so and the next owner gets a higher fence."""

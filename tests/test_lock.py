@@ -11,7 +11,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import anyio
@@ -54,7 +54,9 @@ def settle(clock: FakeClock, seconds: float, *, steps: int = 10) -> None:
         time.sleep(0.012)
 
 
-async def asettle(clock: FakeClock, seconds: float, *, steps: int = 10) -> None:
+async def asettle(
+    clock: FakeClock, seconds: float, *, steps: int = 10
+) -> None:
     """`settle` for async tests: the renewer is a task in this loop."""
     for _ in range(steps):
         clock.advance(seconds / steps)
@@ -286,11 +288,10 @@ class TestWaiting:
             async with lock:
                 order.append("waiter")
 
-        async with anyio.create_task_group() as tg:
-            async with lock:
-                tg.start_soon(waiter)
-                await anyio.sleep(0.05)
-                order.append("holder")
+        async with anyio.create_task_group() as tg, lock:
+            tg.start_soon(waiter)
+            await anyio.sleep(0.05)
+            order.append("holder")
         assert order == ["holder", "waiter"]
 
     def test_cancelling_the_scope_wakes_a_waiting_thread(
@@ -337,7 +338,7 @@ class TestReentrancy:
     def test_same_thread_double_acquire_raises(self, url: str) -> None:
         """A thread entering a lock it already holds (through any `Lock`
         object of the name) gets an error instead of waiting for ever."""
-        with resilient.lock("job", backend=url):
+        with resilient.lock("job", backend=url):  # noqa: SIM117
             with pytest.raises(RuntimeError, match="not reentrant"):
                 resilient.lock("job", backend=url).acquire()
         no_leftovers(url)
@@ -360,7 +361,7 @@ class TestReentrancy:
             def other() -> None:
                 try:
                     lock.acquire()
-                except BaseException as exc:  # noqa: BLE001
+                except BaseException as exc:
                     errors.append(exc)
 
             thread = threading.Thread(target=other)
@@ -380,7 +381,9 @@ class TestRenewal:
             assert lease.held
             assert lease.valid_for() > 1.0
             lease.checkpoint()
-            busy = memory.store(url).acquire(LockKey.of("job"), OwnerToken(), 1)
+            busy = memory.store(url).acquire(
+                LockKey.of("job"), OwnerToken(), 1
+            )
             assert isinstance(busy, Busy)
 
     async def test_renewal_keeps_the_lease_in_async_code(
@@ -435,13 +438,12 @@ class TestLoss:
         out (within a renewal interval): `checkpoint()` raises `LockLost`
         naming the lock, and leaving the block raises it."""
         lock = resilient.lock("job", backend=url, ttl=3.0)
-        with pytest.raises(resilient.LockLost) as info:  # noqa: PT012
-            with lock as lease:
-                memory.store(url).delete(LockKey.of("job"))
-                settle(clock, 1.0, steps=4)
-                assert lease.lost
-                with pytest.raises(resilient.LockLost):
-                    lease.checkpoint()
+        with pytest.raises(resilient.LockLost) as info, lock as lease:
+            memory.store(url).delete(LockKey.of("job"))
+            settle(clock, 1.0, steps=4)
+            assert lease.lost
+            with pytest.raises(resilient.LockLost):
+                lease.checkpoint()
         assert info.value.reason == "gone"
         assert info.value.name == "job"
         assert info.value.fence == lease.token
@@ -455,10 +457,9 @@ class TestLoss:
         block ends with `LockLost`."""
         lock = resilient.lock("job", backend=url, ttl=0.3)
         start = time.monotonic()
-        with pytest.raises(resilient.LockLost):  # noqa: PT012
-            with lock:
-                memory.store(url).delete(LockKey.of("job"))
-                resilient.MonotonicClock().sleep(30.0)
+        with pytest.raises(resilient.LockLost), lock:
+            memory.store(url).delete(LockKey.of("job"))
+            resilient.MonotonicClock().sleep(30.0)
         assert time.monotonic() - start < 10.0
 
     def test_renewal_that_cannot_reach_the_store_loses_at_validity(
@@ -472,7 +473,7 @@ class TestLoss:
         def down(batch: Sequence[Renewal]) -> list[bool]:
             raise ConnectionError("store down")
 
-        with pytest.raises(resilient.LockLost) as info:  # noqa: PT012
+        with pytest.raises(resilient.LockLost) as info:  # noqa: SIM117
             with resilient.lock("job", backend=url, ttl=3.0) as lease:
                 monkeypatch.setattr(store, "renew", down)
                 settle(clock, 3.0, steps=10)
@@ -485,7 +486,7 @@ class TestLoss:
     ) -> None:
         """A holder paused past its TTL (virtual time jumps at once, the
         renewer never ran) sees the loss at its next checkpoint."""
-        with pytest.raises(resilient.LockLost):  # noqa: PT012
+        with pytest.raises(resilient.LockLost):  # noqa: SIM117
             with resilient.lock("job", backend=url, ttl=3.0) as lease:
                 clock.advance(3.0)
                 lease.checkpoint()
@@ -495,7 +496,7 @@ class TestLoss:
     ) -> None:
         """A block already raising keeps its exception; a note says the
         lock was lost."""
-        with pytest.raises(KeyError) as info:  # noqa: PT012
+        with pytest.raises(KeyError) as info:  # noqa: SIM117
             with resilient.lock("job", backend=url, ttl=3.0):
                 clock.advance(5.0)
                 raise KeyError("own")
@@ -507,7 +508,7 @@ class TestLoss:
         """In async code a lost lease cancels the block (its cancel scope)
         and `LockLost` comes out of ``async with``."""
         reached = []
-        with pytest.raises(resilient.LockLost) as info:  # noqa: PT012
+        with pytest.raises(resilient.LockLost) as info:
             async with resilient.lock("job", backend=url, ttl=3.0):
                 memory.store(url).delete(LockKey.of("job"))
                 await asettle(clock, 2.0, steps=8)
@@ -533,7 +534,7 @@ class TestRelease:
         monkeypatch.setattr(
             store, "release", lambda key, owner: (_ for _ in ()).throw(OSError)
         )
-        with caplog.at_level(logging.WARNING, "resilient"):
+        with caplog.at_level(logging.WARNING, "resilient"):  # noqa: SIM117
             with resilient.lock("job", backend=url) as lease:
                 pass
         assert "left to expire" in caplog.text
@@ -573,7 +574,9 @@ class TestTelemetry:
         assert first["resilient.lock.fence"] == token
         assert first["resilient.lock.waited"] >= 0
         assert first["resilient.lock.outcome"] == "released"
-        outcomes = [dict(s.attributes)["resilient.lock.outcome"] for s in spans]
+        outcomes = [
+            dict(s.attributes)["resilient.lock.outcome"] for s in spans
+        ]
         assert "busy" in outcomes
 
 
@@ -607,9 +610,7 @@ class TestSecrecy:
         """Not in the reprs of the lock, lease or records, nor in log lines,
         spans, `LockLost` or `LockNotAcquired`."""
         secret = b"\xab" * 20
-        monkeypatch.setattr(
-            "secrets.token_bytes", lambda n: secret[:n]
-        )
+        monkeypatch.setattr("secrets.token_bytes", lambda n: secret[:n])
         shown: list[str] = []
         lock = resilient.lock("job", backend=url, ttl=3.0)
         with caplog.at_level(logging.DEBUG, "resilient"):

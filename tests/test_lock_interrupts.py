@@ -55,10 +55,21 @@ class Interrupt:
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> Any:
         if not frame.f_code.co_filename.replace("\\", "/").endswith(
-            tuple(f"{d}{f}" for d in OURS for f in ("_lock.py", "_machine.py", "_renewer.py", "_memory.py", "__init__.py", "_base.py"))
+            tuple(
+                f"{d}{f}"
+                for d in OURS
+                for f in (
+                    "_lock.py",
+                    "_machine.py",
+                    "_renewer.py",
+                    "_memory.py",
+                    "__init__.py",
+                    "_base.py",
+                )
+            )
         ):
             return None
-        if event == "line" and frame.f_code.co_name in _EXITS:
+        if event == "line" and frame.f_code.co_name in _EXITS:  # noqa: SIM102
             if id(frame) not in self.entered:
                 # The first line of an __exit__: a Python-level __exit__
                 # cannot protect the instant it starts (the documented
@@ -82,7 +93,7 @@ def leftovers(url: str) -> list[str]:
         found.append("a row in the store")
     for renewer in list(_renewer._ALL):
         if renewer.backend is memory.store(url) and len(renewer.renewals):
-            found.append("a lease the renewer still renews")
+            found.append("a lease the renewer still renews")  # noqa: PERF401
     if [k for k in shell._HOLDERS if k[0] == url]:
         found.append("a recorded holder")
     if shell._ENTERED.get():
@@ -193,7 +204,7 @@ def test_an_interrupt_inside_the_backend_call_compensates(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(store, where, granted_then_interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt):  # noqa: SIM117
         with resilient.lock("job", backend=url):
             pass
     monkeypatch.undo()

@@ -128,7 +128,8 @@ def test_a_forked_child_cannot_release_the_parents_lock(url: str) -> None:
             detail = ""
             try:
                 renewers = [
-                    t for t in __import__("threading").enumerate()
+                    t
+                    for t in __import__("threading").enumerate()
                     if t.name.startswith("resilient-lock-renewer")
                 ]
                 lost = lease.lost
@@ -140,7 +141,9 @@ def test_a_forked_child_cannot_release_the_parents_lock(url: str) -> None:
                     and result is resilient.ReleaseResult.NOT_HELD
                 )
                 code = 0 if ok else 2
-                detail = repr((lease.lost, lease._record.reason, renewers, result))
+                detail = repr(
+                    (lease.lost, lease._record.reason, renewers, result)
+                )
             finally:
                 os.write(write, bytes([code]) + detail.encode())
                 os._exit(0)
@@ -157,7 +160,7 @@ def test_a_forked_child_cannot_release_the_parents_lock(url: str) -> None:
 def test_same_thread_double_acquire_raises(url: str) -> None:
     """RELIABILITY test 8: entering a held lock again in the same thread
     raises rather than hangs (locks are not reentrant)."""
-    with resilient.lock("job", backend=url):
+    with resilient.lock("job", backend=url):  # noqa: SIM117
         with pytest.raises(RuntimeError, match="not reentrant"):
             resilient.lock("job", backend=url).acquire()
 
@@ -178,7 +181,7 @@ def test_closing_another_descriptor_keeps_the_flock(url: str) -> None:
         finally:
             os.close(probe)
         ((held, held_path),) = backend._flocks.values()  # type: ignore[attr-defined]
-        assert os.fstat(held).st_ino == os.stat(held_path).st_ino
+        assert os.fstat(held).st_ino == os.stat(held_path).st_ino  # noqa: PTH116
 
 
 def test_release_leaves_no_file_behind(url: str) -> None:
@@ -214,7 +217,7 @@ def test_the_url_needs_a_path() -> None:
         Path("x.db"),
         True,
     )
-    assert sqlite_backend.parse("sqlite:////tmp/x.db")[0] == Path("/tmp/x.db")
+    assert sqlite_backend.parse("sqlite:////tmp/x.db")[0] == Path("/tmp/x.db")  # noqa: S108
 
 
 NAMES = st.one_of(
@@ -274,7 +277,15 @@ def test_ten_thousand_names_never_collide() -> None:
 def test_fuzzed_names_stay_in_the_lock_directory(url: str) -> None:
     """Acquiring locks with hostile names creates files only inside the
     lock directory (realpath check), and each name locks on its own."""
-    names = ["../../escape", "/abs", "\0nul", "\ud800", "{x}", "a/b", "x" * 5000]
+    names = [
+        "../../escape",
+        "/abs",
+        "\0nul",
+        "\ud800",
+        "{x}",
+        "a/b",
+        "x" * 5000,
+    ]
     backend = open_backend(url)
     backend._connection()  # type: ignore[attr-defined]
     base = Path(url.removeprefix("sqlite:///")).parent

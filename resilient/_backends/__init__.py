@@ -58,6 +58,7 @@ SCHEMES: Final[dict[str, tuple[str, str | None]]] = {
     "postgres": ("_postgres", "postgres"),
 }
 
+
 def _make(url: str, _config: None) -> LockBackend:
     return _module(url, "LockConfig.backend").sync_backend(url)  # type: ignore[no-any-return]
 
@@ -132,7 +133,7 @@ def async_backend(url: str, loop: object) -> AsyncLockBackend:
         if backend is None:
             backend = _module(url, "LockConfig.backend").async_backend(url)
             _ASYNC[url, loop] = backend
-        return backend  # type: ignore[no-any-return]
+        return backend
 
 
 def forget_backends() -> list[LockBackend | AsyncLockBackend]:

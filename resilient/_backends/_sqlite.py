@@ -251,7 +251,9 @@ class SqliteBackend:
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+                fcntl.flock(
+                    fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB)
+                )
             except OSError as exc:
                 os.close(fd)
                 if exc.errno in {errno.EWOULDBLOCK, errno.EAGAIN}:
@@ -261,7 +263,7 @@ class SqliteBackend:
                 os.close(fd)
                 raise
             try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino  # noqa: PTH116
             except FileNotFoundError:
                 same = False
             if same:
@@ -299,7 +301,7 @@ class SqliteBackend:
         fd, path = held
         try:
             with contextlib.suppress(OSError):
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # noqa: PTH116
                     path.unlink()
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -378,7 +380,9 @@ class SqliteBackend:
         try:
             now = time.monotonic_ns()
             with self._lock:
-                row = conn.execute(_RELEASE, (key.hex, owner.secret)).fetchone()
+                row = conn.execute(
+                    _RELEASE, (key.hex, owner.secret)
+                ).fetchone()
         finally:
             self._drop_flock(key, owner)
         if row is None or row[1] != self.boot or row[0] <= now:
@@ -399,7 +403,9 @@ class SqliteBackend:
             state.watchers.append(notify)
             if state.thread is None and state.fd is None:
                 state.thread = threading.Thread(
-                    target=self._wake, args=(key, state), daemon=True,
+                    target=self._wake,
+                    args=(key, state),
+                    daemon=True,
                     name="resilient-lock-waker",
                 )
                 state.thread.start()
@@ -468,7 +474,9 @@ class AsyncSqliteBackend:
         """See `LockBackend.acquire`."""
         import anyio  # noqa: PLC0415
 
-        return await anyio.to_thread.run_sync(self.sync.acquire, key, owner, ttl)
+        return await anyio.to_thread.run_sync(
+            self.sync.acquire, key, owner, ttl
+        )
 
     async def renew(self, batch: Sequence[Renewal]) -> list[bool]:
         """See `LockBackend.renew`."""
@@ -476,9 +484,7 @@ class AsyncSqliteBackend:
 
         return await anyio.to_thread.run_sync(self.sync.renew, batch)
 
-    async def release(
-        self, key: LockKey, owner: OwnerToken
-    ) -> ReleaseResult:
+    async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         """See `LockBackend.release`."""
         import anyio  # noqa: PLC0415
 
@@ -504,7 +510,9 @@ def _store(url: str) -> SqliteBackend:
     with _STORES_LOCK:
         found = _STORES.get((path, durable))
         if found is None:
-            found = _STORES[path, durable] = SqliteBackend(path, durable=durable)
+            found = _STORES[path, durable] = SqliteBackend(
+                path, durable=durable
+            )
         return found
 
 

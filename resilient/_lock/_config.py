@@ -75,7 +75,9 @@ def _non_negative_or_none(
     check_number(inst, attribute, value, allow_none=True)
 
 
-def _backend(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def _backend(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
     if value is None:
         return
     from resilient._backends import scheme_of  # noqa: PLC0415
@@ -83,7 +85,9 @@ def _backend(inst: object, attribute: attrs.Attribute[Any], value: object) -> No
     scheme_of(value, field_name(inst, attribute))
 
 
-def _backoff(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+def _backoff(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
     if not callable(getattr(value, "delay", None)):
         raise ConfigTypeError(
             field_name(inst, attribute),
@@ -133,7 +137,9 @@ class LockConfig:
     .. versionadded:: 26.11.0
     """
 
-    ttl: float = attrs.field(default=30.0, converter=to_seconds, validator=_ttl)
+    ttl: float = attrs.field(
+        default=30.0, converter=to_seconds, validator=_ttl
+    )
     renew_interval: float | None = attrs.field(
         default=None, converter=to_seconds, validator=_seconds_or_none
     )
@@ -151,7 +157,9 @@ class LockConfig:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.blocking, bool):
-            raise ConfigTypeError("LockConfig.blocking", self.blocking, "must be a bool")
+            raise ConfigTypeError(
+                "LockConfig.blocking", self.blocking, "must be a bool"
+            )
         if self.renew_interval is not None and self.renew_interval >= self.ttl:
             raise ConfigError(
                 "LockConfig.renew_interval",
@@ -160,7 +168,9 @@ class LockConfig:
             )
         if self.drift is not None and self.drift >= self.ttl:
             raise ConfigError(
-                "LockConfig.drift", self.drift, f"must be < ttl ({self.ttl:g} s)"
+                "LockConfig.drift",
+                self.drift,
+                f"must be < ttl ({self.ttl:g} s)",
             )
         if self.every + self.margin >= self.ttl:
             raise ConfigError(
@@ -173,7 +183,11 @@ class LockConfig:
     @property
     def every(self) -> float:
         """The renewal interval in effect, in seconds."""
-        return self.ttl / 3 if self.renew_interval is None else self.renew_interval
+        return (
+            self.ttl / 3
+            if self.renew_interval is None
+            else self.renew_interval
+        )
 
     @property
     def margin(self) -> float:

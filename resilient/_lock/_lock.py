@@ -14,7 +14,15 @@ import contextvars
 import logging
 import random
 import threading
-from typing import TYPE_CHECKING, Any, Final, TypeVar, Unpack, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    ParamSpec,
+    TypeVar,
+    Unpack,
+    final,
+)
 
 import attrs
 
@@ -57,13 +65,14 @@ if TYPE_CHECKING:
 
 log: Final = logging.getLogger("resilient")
 
-F = TypeVar("F", bound="Callable[..., Any]")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: Longest wait for a release to be answered in async code, in seconds,
 #: shielded from the cancellation that may be ending the block.
 RELEASE_TIMEOUT: Final = 5.0
 
-_RNG: Final = random.Random()  # noqa: S311 - jitter, not secrets
+_RNG: Final = random.Random()
 
 # (url, key digest) -> who holds it in this process: a thread id, or a
 # task ("task", id). Only to refuse a same-holder second acquire.
@@ -137,7 +146,9 @@ class _Telemetry:
         if outcome is not None:
             span.set_attribute("resilient.lock.outcome", outcome)
         span.set_status(
-            Status(StatusCode.ERROR, outcome) if error else Status(StatusCode.OK)
+            Status(StatusCode.ERROR, outcome)
+            if error
+            else Status(StatusCode.OK)
         )
         span.end()
 
@@ -169,7 +180,7 @@ class Lease:
         "waited",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917
         self,
         lock: Lock,
         record: LeaseRecord,
@@ -278,7 +289,9 @@ class Lease:
     def _request(self) -> Any:
         from resilient._backends import Renewal  # noqa: PLC0415
 
-        return Renewal(self._lock.key, self._record.owner, self._record.config.ttl)
+        return Renewal(
+            self._lock.key, self._record.owner, self._record.config.ttl
+        )
 
     def _renewed(self, sent: float, ok: Any) -> bool:
         if ok and ok[0]:
@@ -318,7 +331,9 @@ class Lease:
                 self._record.config.ttl,
             )
             self._telemetry.event("release_unknown")
-        self._telemetry.end(result.value, error=result is ReleaseResult.UNKNOWN)
+        self._telemetry.end(
+            result.value, error=result is ReleaseResult.UNKNOWN
+        )
         return result
 
     def release(self) -> ReleaseResult:
@@ -332,7 +347,7 @@ class Lease:
         `ReleaseResult.UNKNOWN`.
         """
         if self._released not in {None, ReleaseResult.UNKNOWN}:
-            return self._released  # type: ignore[return-value]
+            return self._released
         if not self._let_go():
             return self._settled(ReleaseResult.NOT_HELD)
         backend: LockBackend = self._backend  # type: ignore[assignment]
@@ -350,7 +365,7 @@ class Lease:
         import anyio  # noqa: PLC0415
 
         if self._released not in {None, ReleaseResult.UNKNOWN}:
-            return self._released  # type: ignore[return-value]
+            return self._released
         if not self._let_go():
             return self._settled(ReleaseResult.NOT_HELD)
         backend: AsyncLockBackend = self._backend  # type: ignore[assignment]
@@ -365,7 +380,7 @@ class Lease:
         return self._settled(result)
 
 
-def _make_lease(
+def _make_lease(  # noqa: PLR0917
     lock: Lock,
     config: LockConfig,
     owner: OwnerToken,
@@ -389,12 +404,18 @@ def _make_lease(
         sent,
     )
     return Lease(
-        lock, record, backend, renewer, telemetry, holder, now - acq.start,
+        lock,
+        record,
+        backend,
+        renewer,
+        telemetry,
+        holder,
+        now - acq.start,
         library,
     )
 
 
-def _not_acquired(
+def _not_acquired(  # noqa: PLR0917
     lock: Lock,
     acq: Acquisition,
     reason: str,
@@ -412,7 +433,7 @@ def _not_acquired(
     return exc
 
 
-def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
+def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa: C901, PLR0912, PLR0915
     """
     The sync shell: try, wait, try again; a lease or LockNotAcquired. The
     lease is appended to *out* before anything starts, so that a caller's
@@ -450,8 +471,17 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
                 if isinstance(answer, Grant):
                     if acq.granted(sent, clock.now(), answer):
                         lease = _make_lease(
-                            lock, config, owner, answer, sent, acq, backend,
-                            renewer, telemetry, holder, None,
+                            lock,
+                            config,
+                            owner,
+                            answer,
+                            sent,
+                            acq,
+                            backend,
+                            renewer,
+                            telemetry,
+                            holder,
+                            None,
                         )
                         out.append(lease)
                         lease._start()  # noqa: SLF001
@@ -469,7 +499,9 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
             if isinstance(step, GiveUp):
                 if error is not None:
                     _compensate(backend, lock.key, owner)
-                raise _not_acquired(lock, acq, step.reason, busy, telemetry, error)
+                raise _not_acquired(  # noqa: TRY301
+                    lock, acq, step.reason, busy, telemetry, error
+                )
             _sync_wait(woken, step.seconds)
     except BaseException:
         # An interrupt (or any error) after a request left: the store may
@@ -508,9 +540,7 @@ def _sync_wait(woken: threading.Event | None, seconds: float) -> None:
     _timeout.check_scope()
 
 
-async def _aacquire(
-    lock: Lock, config: LockConfig, out: list[Lease]
-) -> Lease:
+async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa: C901, PLR0912, PLR0915
     """The async shell: the same steps as `_acquire`, awaited."""
     import anyio  # noqa: PLC0415
 
@@ -528,7 +558,7 @@ async def _aacquire(
     events: list[anyio.Event] = [anyio.Event()]
 
     def notify() -> None:
-        try:
+        try:  # noqa: SIM105
             call(events[-1].set)
         except RuntimeError:  # pragma: no cover - the loop is gone
             pass
@@ -551,8 +581,17 @@ async def _aacquire(
                 if isinstance(answer, Grant):
                     if acq.granted(sent, clock.now(), answer):
                         lease = _make_lease(
-                            lock, config, owner, answer, sent, acq, backend,
-                            renewer, telemetry, holder, library,
+                            lock,
+                            config,
+                            owner,
+                            answer,
+                            sent,
+                            acq,
+                            backend,
+                            renewer,
+                            telemetry,
+                            holder,
+                            library,
                         )
                         out.append(lease)
                         lease._start()  # noqa: SLF001
@@ -567,7 +606,9 @@ async def _aacquire(
             if isinstance(step, GiveUp):
                 if error is not None:
                     await _acompensate(backend, lock.key, owner)
-                raise _not_acquired(lock, acq, step.reason, busy, telemetry, error)
+                raise _not_acquired(  # noqa: TRY301
+                    lock, acq, step.reason, busy, telemetry, error
+                )
             if clock is not _clock.DEFAULT_CLOCK:
                 await clock.asleep(step.seconds)
             else:
@@ -653,10 +694,12 @@ class Lock:
 
     def __repr__(self) -> str:
         scheme = self.url.partition("://")[0]
-        return f"<Lock {self.key.shown!r} on {scheme}:// ttl={self.config.ttl:g}>"
+        return (
+            f"<Lock {self.key.shown!r} on {scheme}:// ttl={self.config.ttl:g}>"
+        )
 
     def _config(
-        self, blocking: bool | None, timeout: float | None | object
+        self, blocking: bool | None, timeout: float | object | None
     ) -> LockConfig:
         changes: dict[str, Any] = {}
         if blocking is not None:
@@ -669,7 +712,7 @@ class Lock:
         self,
         *,
         blocking: bool | None = None,
-        timeout: float | None | object = None,
+        timeout: float | object | None = None,
     ) -> Lease:
         """
         Acquire the lock and return its lease; release it with
@@ -685,9 +728,7 @@ class Lock:
             RuntimeError: This thread holds it already, or the call would
                 block an event loop.
         """
-        return _acquire(
-            self, self._config(blocking, _or_default(timeout)), []
-        )
+        return _acquire(self, self._config(blocking, _or_default(timeout)), [])
 
     def acquire_nowait(self) -> Lease:
         """Acquire the lock if it is free, else raise `LockNotAcquired`."""
@@ -697,7 +738,7 @@ class Lock:
         self,
         *,
         blocking: bool | None = None,
-        timeout: float | None | object = None,
+        timeout: float | object | None = None,  # noqa: ASYNC109
     ) -> Lease:
         """`acquire` for async code (asyncio or trio)."""
         return await _aacquire(
@@ -717,7 +758,7 @@ class Lock:
             _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             scope.__enter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
-            return lease  # Inside the try: an interrupt here still cleans up.
+            return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
         except BaseException:
             self._forget(out)
             if scope is not None and scope._state == "entered":  # noqa: SLF001
@@ -750,7 +791,7 @@ class Lock:
         try:
             entry = self._top()
             if entry is None:
-                raise RuntimeError(f"{self!r} was not entered here")
+                raise RuntimeError(f"{self!r} was not entered here")  # noqa: TRY301
             lease, scope = entry
             swallowed = scope.__exit__(exc_type, exc, tb)
             lost = lease.lost
@@ -781,7 +822,7 @@ class Lock:
             _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             await scope.__aenter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
-            return lease  # Inside the try: an interrupt here still cleans up.
+            return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
         except BaseException:
             self._forget(out)
             if scope is not None and scope._state == "entered":  # noqa: SLF001
@@ -801,7 +842,7 @@ class Lock:
         try:
             entry = self._top()
             if entry is None:
-                raise RuntimeError(f"{self!r} was not entered here")
+                raise RuntimeError(f"{self!r} was not entered here")  # noqa: TRY301
             lease, scope = entry
             swallowed = await scope.__aexit__(exc_type, exc, tb)
             lost = lease.lost
@@ -823,19 +864,23 @@ class Lock:
 
     # -- as a decorator ----------------------------------------------------
 
-    def __call__(self, fn: F) -> F:
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
         """
         Run each call of *fn* (sync or async) holding the lock.
         """
 
         def sync_shell(
-            fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+            fn: Callable[..., Any],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
         ) -> Any:
             with self:
                 return fn(*args, **kwargs)
 
         async def async_shell(
-            fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+            fn: Callable[..., Any],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
         ) -> Any:
             async with self:
                 return await fn(*args, **kwargs)
@@ -859,7 +904,7 @@ def _outcome(
     error = lease._lost_error()  # noqa: SLF001
     if exc is None or swallowed:
         raise error from exc
-    if isinstance(exc, BaseException) and not isinstance(exc, LockLost):
+    if not isinstance(exc, LockLost):
         exc.add_note(f"while the block ran, {error}")
     return False
 

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._backends import Renewal
 from resilient._core import _clock
-from resilient._lock._machine import LeaseRecord
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from resilient._backends import AsyncLockBackend, LockBackend
+    from resilient._lock._machine import LeaseRecord
 
 
 log: Final = logging.getLogger("resilient")
@@ -108,7 +108,8 @@ class Renewals:
         """Apply a batch's answers; None when the backend did not answer."""
         if results is not None and len(results) != len(batch):
             log.warning(
-                "lock backend answered %d renewals for %d", len(results),
+                "lock backend answered %d renewals for %d",
+                len(results),
                 len(batch),
             )
             results = None
