@@ -232,8 +232,8 @@ NAMES = st.one_of(
             "{tag}",
             "*?[]",
             "'; DROP TABLE leases; --",
-            "caf\u00e9",
-            "cafe\u0301",
+            "\u00e9t\u00e9",
+            "e\u0301te\u0301",
             "\ud800",
             "x" * 1_000_000,
         ]
@@ -267,8 +267,8 @@ def test_ten_thousand_names_never_collide() -> None:
         size = rng.choice([0, 1, 2, 5, 20, 300])
         name = "".join(chr(rng.randrange(0x110000)) for _ in range(size))
         names.add(name)
-        names.add(unicodedata.normalize("NFD", "caf\u00e9" + name))
-        names.add(unicodedata.normalize("NFC", "caf\u00e9" + name))
+        names.add(unicodedata.normalize("NFD", "\u00e9t\u00e9" + name))
+        names.add(unicodedata.normalize("NFC", "\u00e9t\u00e9" + name))
     keys = {LockKey.of(n).hex for n in names}
     assert len(keys) == len(names)
     assert len({LockKey.of(n).int64 for n in names}) == len(names)
