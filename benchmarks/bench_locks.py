@@ -166,7 +166,8 @@ def run_embedded(rounds: int, n: int, holds: int) -> None:
                 f"{med / floor:11.2f}x"
             )
         print(
-            f"\nHand-over to a waiting process, 4 processes, {holds} holds each (ms)"
+            "\nHand-over to a waiting process, 4 processes, "
+            f"{holds} holds each (ms)"
         )
         print(f"{'case':34} {'p50':>8} {'p99':>8} {'max':>8} {'n':>6}")
         for kind, label in [
