@@ -776,3 +776,98 @@ class TestConfig:
         )
         monkeypatch.setenv(_config.ENV_URL, "memory://env")
         assert resilient.lock("job").url == "memory://env"
+
+
+class TestStoreFailures:
+    def test_a_store_that_does_not_answer_is_retried_then_refused(
+        self,
+        driver: Driver,
+        url: str,
+        clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Acquire errors are retried with backoff within the wait; then
+        `LockNotAcquired` says the store did not answer, with its error as
+        the cause, and a compensating release was sent (the grant may have
+        happened with its reply lost)."""
+        store = memory.store(url)
+        released: list[object] = []
+        monkeypatch.setattr(
+            store,
+            "acquire",
+            lambda *a: (_ for _ in ()).throw(ConnectionError("down")),
+        )
+        real_release = store.release
+        monkeypatch.setattr(
+            store,
+            "release",
+            lambda key, owner: (
+                released.append(owner) or real_release(key, owner)
+            ),
+        )
+        lock = resilient.lock("job", backend=url, timeout=1.0)
+        with pytest.raises(resilient.LockNotAcquired) as info:
+            driver.call(lock, lambda: None)
+        assert info.value.reason == "unavailable"
+        assert isinstance(info.value.__cause__, ConnectionError)
+        assert "did not answer" in str(info.value)
+        assert len(released) == 1
+
+    def test_a_grant_that_arrives_too_late_is_given_back(
+        self, url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A grant whose reply came after the lease's own validity counts as
+        failed: it is released, and the next try gets a fresh lease."""
+        store = memory.store(url)
+        real = store.acquire
+        slow = [True]
+
+        def late(key: LockKey, owner: OwnerToken, ttl: float) -> Any:
+            answer = real(key, owner, ttl)
+            if slow:
+                slow.clear()
+                clock.advance(ttl)  # the reply took a whole TTL
+            return answer
+
+        monkeypatch.setattr(store, "acquire", late)
+        with resilient.lock("job", backend=url, ttl=3.0) as lease:
+            assert lease.held
+            assert lease.valid_for() > 2.0
+        no_leftovers(url)
+
+    async def test_async_store_errors_and_renew_by_hand(
+        self, anyio_backend: str, url: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The async shell: `Lease.arenew` renews, and raises `LockLost` once
+        the store lost the lease; a store that does not answer ends the
+        wait with ``"unavailable"``."""
+        lock = resilient.lock("job", backend=url, ttl=3.0, timeout=0.05)
+        with pytest.raises(resilient.LockLost):  # Leaving says so too.
+            async with lock as lease:
+                assert await lease.arenew()
+                memory.store(url).delete(LockKey.of("job"))
+                with pytest.raises(resilient.LockLost):
+                    await lease.arenew()
+        monkeypatch.setattr(
+            memory.AsyncMemoryStore,
+            "acquire",
+            lambda *a: (_ for _ in ()).throw(ConnectionError("down")),
+        )
+        with pytest.raises(resilient.LockNotAcquired) as info:
+            await lock.aacquire()
+        assert info.value.reason == "unavailable"
+
+    def test_renew_by_hand_of_a_lost_lease_raises(self, url: str) -> None:
+        """`Lease.renew` on a lease the store no longer has raises
+        `LockLost` and marks the lease lost."""
+        lease = resilient.lock("job", backend=url).acquire()
+        memory.store(url).delete(LockKey.of("job"))
+        with pytest.raises(resilient.LockLost):
+            lease.renew()
+        assert lease.lost
+        assert lease.release() is ReleaseResult.NOT_HELD
+
+    def test_lock_needs_a_lock_config(self) -> None:
+        """`resilient.Lock` refuses a config that is not a `LockConfig`."""
+        with pytest.raises(resilient.ConfigTypeError, match="config"):
+            resilient.Lock("job", {"ttl": 1})  # type: ignore[arg-type]

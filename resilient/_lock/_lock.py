@@ -503,12 +503,12 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa
                     lock, acq, step.reason, busy, telemetry, error
                 )
             _sync_wait(woken, step.seconds)
-    except BaseException:
+    except BaseException as exc:
         # An interrupt (or any error) after a request left: the store may
         # have granted it. Compare-and-delete on our token is harmless.
         if out:
             out[-1].release()
-        elif sent_any:
+        elif sent_any and not isinstance(exc, LockNotAcquired):
             _compensate(backend, lock.key, owner)
             telemetry.end("interrupted", error=True)
         raise
@@ -616,10 +616,10 @@ async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease: 
                     await events[-1].wait()
             events.append(anyio.Event())
             del events[0]
-    except BaseException:
+    except BaseException as exc:
         if out:
             await out[-1].arelease()
-        elif sent_any:
+        elif sent_any and not isinstance(exc, LockNotAcquired):
             await _acompensate(backend, lock.key, owner)
             telemetry.end("interrupted", error=True)
         raise
