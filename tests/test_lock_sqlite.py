@@ -299,3 +299,27 @@ def test_fuzzed_names_stay_in_the_lock_directory(url: str) -> None:
     assert len({lease.token for lease in leases}) == len(names)
     for lease in leases:
         lease.release()
+
+
+def test_the_shells_on_the_embedded_store(url: str) -> None:
+    """``with`` and ``async with`` (asyncio and trio) on the embedded store:
+    a lease with a rising token each time, the store's calls made from
+    worker threads in async code, nothing left behind."""
+    import anyio
+
+    lock = resilient.lock("job", backend=url, ttl=5)
+    tokens = []
+    with lock as lease:
+        tokens.append(lease.token)
+
+    async def main() -> None:
+        async with lock as lease:
+            tokens.append(lease.token)
+            await anyio.sleep(0)
+
+    anyio.run(main, backend="asyncio")
+    anyio.run(main, backend="trio")
+    assert tokens == sorted(set(tokens))
+    path = open_backend(url).path  # type: ignore[attr-defined]
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM leases").fetchone() == (0,)
