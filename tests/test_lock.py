@@ -323,13 +323,17 @@ class TestWaiting:
     def test_blocking_acquire_in_an_event_loop_is_refused(
         self, anyio_backend: str, url: str
     ) -> None:
-        """A blocking sync acquire on an event loop's thread raises a clear
-        error naming the async form, instead of freezing the loop."""
+        """A sync acquire that would have to wait, on an event loop's thread,
+        raises a clear error naming the async form instead of freezing the
+        loop (one that is granted at once does not wait, and is allowed)."""
         lock = resilient.lock("job", backend=url)
 
         async def main() -> None:
+            lock.acquire().release()
+            release = hold(url)
             with pytest.raises(RuntimeError, match="async with"):
                 lock.acquire()
+            release()
 
         anyio.run(main, backend=anyio_backend)
 

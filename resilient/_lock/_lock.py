@@ -440,11 +440,6 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa
     ``except BaseException`` can release it whatever line was interrupted.
     """
     clock = _clock.get_clock()
-    if config.wait > 0:
-        _loops.refuse_blocking(
-            f"a blocking acquire of lock {lock.key.shown!r}",
-            "`async with` the lock (or `await lock.aacquire()`)",
-        )
     holder = _me(None)
     _claim(lock, holder)
     backend = open_backend(lock.url)
@@ -453,6 +448,7 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa
     owner = OwnerToken()
     acq = Acquisition(config, clock.now(), _clock.current_deadline(), _RNG)
     woken: threading.Event | None = None  # Made only if we must wait.
+    waited = False
     stop: Callable[[], None] | None = None
     sent_any = False
     busy: Busy | None = None
@@ -502,6 +498,14 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa
                 raise _not_acquired(  # noqa: TRY301
                     lock, acq, step.reason, busy, telemetry, error
                 )
+            if not waited:
+                # Only a wait would block an event loop: checked then, so
+                # an uncontended acquire does not pay for the look-up.
+                _loops.refuse_blocking(
+                    f"a blocking acquire of lock {lock.key.shown!r}",
+                    "`async with` the lock (or `await lock.aacquire()`)",
+                )
+                waited = True
             _sync_wait(woken, step.seconds)
     except BaseException as exc:
         # An interrupt (or any error) after a request left: the store may
