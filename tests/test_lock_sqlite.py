@@ -315,7 +315,7 @@ def test_the_shells_on_the_embedded_store(url: str) -> None:
     async def main() -> None:
         async with lock as lease:
             tokens.append(lease.token)
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
     anyio.run(main, backend="asyncio")
     anyio.run(main, backend="trio")
