@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+from resilient._backends import ReleaseResult
 from resilient._breaker import (
     BreakerPermit,
     BreakerState,
@@ -54,6 +55,8 @@ from resilient._core._transient import (
     Transient,
     http_status,
 )
+from resilient._fence import fence_guard, fenced_update
+from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
@@ -74,6 +77,8 @@ from resilient.exceptions import (
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
+    LockLost,
+    LockNotAcquired,
     ResilientError,
     ScopeCancelled,
     TimedOut,
@@ -106,8 +111,14 @@ __all__ = [
     "EqualJitter",
     "Exponential",
     "FullJitter",
+    "Lease",
+    "Lock",
+    "LockConfig",
+    "LockLost",
+    "LockNotAcquired",
     "MonotonicClock",
     "Policy",
+    "ReleaseResult",
     "ResilientError",
     "RetryBudget",
     "RetryBudgetConfig",
@@ -128,7 +139,10 @@ __all__ = [
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
+    "fence_guard",
+    "fenced_update",
     "http_status",
+    "lock",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
