@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+from resilient import lowlevel
 from resilient._breaker import (
     BreakerPermit,
     BreakerState,
@@ -47,9 +48,9 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
-from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
-from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
+from resilient._pipeline._block import Attempt
+from resilient._policy import Policy, Retrying, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
     RetryBudgetStatistics,
@@ -69,6 +70,7 @@ from resilient.exceptions import (
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
+    Rejected,
     ResilientError,
     ScopeCancelled,
     TimedOut,
@@ -102,12 +104,12 @@ __all__ = [
     "FullJitter",
     "MonotonicClock",
     "Policy",
+    "Rejected",
     "ResilientError",
     "RetryBudget",
     "RetryBudgetConfig",
     "RetryBudgetStatistics",
     "RetryEvent",
-    "RetryMachine",
     "Retrying",
     "ScopeCancelled",
     "TimeWindow",
@@ -146,9 +148,18 @@ def _fix_module_names() -> None:
 _fix_module_names()
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> object:
     if name == "__version__":
         import importlib.metadata  # noqa: PLC0415
 
         return importlib.metadata.version("resilient")
+    if name == "RetryMachine":
+        import warnings  # noqa: PLC0415
+
+        warnings.warn(
+            "resilient.RetryMachine moved to resilient.lowlevel.RetryMachine",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return lowlevel.RetryMachine
     raise AttributeError(f"module 'resilient' has no attribute {name!r}")
