@@ -9,7 +9,9 @@ each effect gave; an exception the effect raised is thrown in instead:
 
 - ``HOOK, (hook, event)``: run the hook (await it if async; an async hook
   is cancelled at the call's deadline); send None.
-- ``SLEEP, seconds``: wait (a zero wait is a checkpoint at most); send None.
+- ``SLEEP, (seconds, error)``: wait (a zero wait is a checkpoint at
+  most); send None. *error* is the last attempt's exception (or None),
+  the cause of a refusal to block an event loop.
 - ``ADMIT, guards``: ``guards.admit()`` / ``await guards.aadmit()``; send
   the tickets (a rejection is thrown in).
 - ``READY, None`` (block form only): an attempt is admitted; the driver
@@ -63,8 +65,12 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
     guards = call.guards
     admits = guards is not None and bool(guards.stages)
     tickets: list[object] | None = None
+    step: Retry | None = None
+    decided: Retry | GiveUp | None = None
+    outcome: Retry | GiveUp | None = None
+    error: BaseException | None = None
+    value: Any = None
     try:
-        step: Retry | None = None
         if failed is not None:
             decided = call.failed(failed)
             if isinstance(decided, GiveUp):
@@ -85,7 +91,12 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                         result = _end(wait)
                         call.finish(None)
                         return result
-                yield SLEEP, wait
+                yield SLEEP, (wait, step.event.exception)
+                # Hold no exception of a past attempt while suspended: its
+                # traceback holds the block-form loop's frame, which holds
+                # this flow (a cycle that would keep a loop left with
+                # `break` alive until the garbage collector runs).
+                step = decided = outcome = error = value = failed = None
             if admits:
                 call.enter_deadline()
                 try:

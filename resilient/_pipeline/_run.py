@@ -82,13 +82,17 @@ def perform(call: Call, op: int, arg: Any) -> Any:
     if op == SETTLE:
         call.guards.settle(*arg)  # type: ignore[union-attr]
     elif op == SLEEP:
-        if arg > 0:
-            refuse_blocking(
-                f"a sync retry of policy {call.policy.name!r}",
-                "an async function under the policy, or `async for attempt "
-                "in resilient.retrying(policy)`",
-            )
-            call.clock.sleep(arg)
+        seconds, error = arg
+        if seconds > 0:
+            try:
+                refuse_blocking(
+                    f"a sync retry of policy {call.policy.name!r}",
+                    "an async function under the policy, or `async for "
+                    "attempt in resilient.retrying(policy)`",
+                )
+            except RuntimeError as refused:
+                raise refused from error
+            call.clock.sleep(seconds)
     elif op == HOOK:
         run_hook(*arg)
     return None
@@ -101,8 +105,9 @@ async def aperform(call: Call, op: int, arg: Any) -> Any:
     if op == SETTLE:
         await call.guards.asettle(*arg)  # type: ignore[union-attr]
     elif op == SLEEP:
-        if arg > 0:
-            await call.clock.asleep(arg)
+        seconds = arg[0]
+        if seconds > 0:
+            await call.clock.asleep(seconds)
         else:
             await anyio.lowlevel.checkpoint()
     elif op == HOOK:
