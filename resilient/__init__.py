@@ -49,6 +49,11 @@ from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._telemetry import configure_telemetry
+from resilient._core._transient import (
+    DependencyFailure,
+    Transient,
+    http_status,
+)
 from resilient._pipeline._block import Attempt
 from resilient._policy import Policy, Retrying, retry, retrying
 from resilient._retry_budget import (
@@ -99,6 +104,7 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "DecorrelatedJitter",
+    "DependencyFailure",
     "EqualJitter",
     "Exponential",
     "FullJitter",
@@ -115,6 +121,7 @@ __all__ = [
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
+    "Transient",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -123,6 +130,7 @@ __all__ = [
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
+    "http_status",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",

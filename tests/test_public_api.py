@@ -25,6 +25,7 @@ import resilient
 PUBLIC_MODULES = (
     "resilient",
     "resilient.exceptions",
+    "resilient.http",
     "resilient.lowlevel",
     "resilient.testing",
     "resilient.typing",

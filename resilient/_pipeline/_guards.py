@@ -9,32 +9,17 @@ next call (one int compare per call).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, final
 
+from resilient._core import _registry
 from resilient._pipeline._stage import ORDER, BreakerStage
 from resilient._retry_budget import get_retry_budget
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._stage import Stage
     from resilient._retry_budget import RetryBudget
-
-
-def _no_generation() -> int:  # pragma: no cover - until the registry lands
-    return 0
-
-
-try:  # The one registry of named parts (the coordinator's; on main soon).
-    from resilient._core._registry import (  # type: ignore[import-not-found, unused-ignore]
-        generation as _generation,
-    )
-except ImportError:  # pragma: no cover - until the registry lands
-    _generation = _no_generation
-
-generation: Final[Callable[[], int]] = _generation
 
 
 @final
@@ -57,7 +42,7 @@ class Guards:
 
     def _look_up(self) -> None:
         policy = self._policy
-        self._generation = generation()
+        self._generation = _registry.generation()
         self.stages = tuple(
             make(policy.name, config)
             for field, make in ORDER
@@ -77,7 +62,8 @@ class Guards:
 
     def fresh(self) -> Guards:
         """These guards, looked up again if the registries were reset."""
-        if self._generation != generation():
+        # The module global, not generation(): one int compare per call.
+        if self._generation != _registry._generation:  # noqa: SLF001
             self._look_up()
         return self
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio.lowlevel
 
 from resilient._core import _clock
+from resilient._core._loops import refuse_blocking
 from resilient._core._telemetry import disabled
 from resilient._pipeline._call import (
     Call,
@@ -34,7 +35,6 @@ from resilient._pipeline._flow import (
     SLEEP,
     flow,
 )
-from resilient._pipeline._loops_compat import refuse_blocking
 from resilient._retry._machine import WrongShell
 
 
