@@ -6,6 +6,7 @@ locks for Python backends, sync and async, configured by one policy object.
 from __future__ import annotations
 
 import contextlib
+import typing as _typing
 
 from resilient import lowlevel
 from resilient._breaker import (
@@ -156,7 +157,7 @@ def _fix_module_names() -> None:
 _fix_module_names()
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> _typing.Any:
     if name == "__version__":
         import importlib.metadata  # noqa: PLC0415
 

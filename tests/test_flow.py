@@ -667,3 +667,168 @@ class TestRegistryReset:
         fn()
         assert calls == [1]
         assert get_breaker(name).state.value == "closed"
+
+
+class TestEdges:
+    def test_old_policy_import_path(self) -> None:
+        """`resilient._core._policy.Policy` (the simulator's import) is the
+        Policy, looked up lazily; other names are not there."""
+        import resilient._core._policy as old
+
+        assert old.Policy is Policy
+        with pytest.raises(AttributeError):
+            _ = old.Nothing
+
+    def test_block_form_iterators_and_stale_attempts(self, clock: Any) -> None:
+        """
+        The block form's iterator is its own iterator; an attempt of a loop
+        that ended (here: the next one was asked for before it was
+        entered) refuses to be entered, and with no deadline an attempt has
+        all the time there is.
+        """
+        loop = resilient.retrying(Policy(budget=None))
+        it = iter(loop)
+        assert iter(it) is it
+        first = next(it)
+        assert first.remaining() == math.inf
+        with pytest.raises(RuntimeError, match="must be entered"):
+            next(it)
+        with pytest.raises(RuntimeError, match="loop is over"), first:
+            pass
+
+    @pytest.mark.parametrize("kind", ["asyncio", "trio"])
+    def test_async_block_iterator_is_its_own(self, kind: str) -> None:
+        """`aiter()` of the async iterator is itself."""
+
+        async def main() -> None:
+            it = aiter(resilient.retrying(Policy()))
+            assert aiter(it) is it
+            async for attempt in it:
+                async with attempt:
+                    pass
+
+        anyio.run(main, backend=kind)
+
+    def test_interrupt_in_on_give_up_leaves_the_block(
+        self, telemetry: Telemetry, clock: Any
+    ) -> None:
+        """An on_give_up hook that raises a BaseException in the block form
+        propagates out of ``with attempt:``, and the call's span ends."""
+
+        def hook(event: resilient.RetryEvent) -> None:
+            raise Interrupt
+
+        policy = Policy(name="gu", attempts=1, on_give_up=hook)
+        with pytest.raises(Interrupt):
+            for attempt in resilient.retrying(policy):
+                with attempt:
+                    raise ConnectionError
+        assert [s.name for s in telemetry.spans()] == ["gu attempt", "gu"]
+
+    def test_hook_past_deadline_keeps_a_retried_result(
+        self, driver: Driver, clock: Any, telemetry: Telemetry
+    ) -> None:
+        """
+        When the hook before retrying a result runs past the budget, the
+        last result is returned (as when attempts run out), and the give-up
+        is an event on the call's span.
+        """
+
+        def slow_hook(event: resilient.RetryEvent) -> None:
+            clock.advance(5)
+
+        policy = Policy(
+            name="late",
+            budget=2,
+            backoff=Constant(seconds=1),
+            retry_if_result=lambda value: True,
+            before_sleep=slow_hook,
+        )
+        assert driver.call(policy, lambda: "pending") == "pending"
+        (call,) = [s for s in telemetry.spans() if s.name == "late"]
+        events = [
+            (e.name, e.attributes.get("resilient.reason")) for e in call.events
+        ]
+        assert events == [
+            ("resilient.retry", None),
+            ("resilient.give_up", "budget"),
+        ]
+
+    def test_decorator_outwaits_a_breaker_open_at_the_start(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """A call that starts against an open breaker is rejected at
+        admission, waits the breaker out and is admitted as the probe."""
+        name = fresh("open-at-start")
+        policy = Policy(
+            name=name,
+            budget=60,
+            backoff=Constant(seconds=0),
+            breaker=resilient.BreakerConfig(
+                window=resilient.CountWindow(size=1),
+                minimum_calls=1,
+                open_interval=5,
+            ),
+        )
+        with pytest.raises(ConnectionError):
+            driver.call(policy.evolve(attempts=1), _raise(ConnectionError))
+        assert get_breaker(name).state.value == "open"
+        assert driver.call(policy, lambda: "probe ok") == "probe ok"
+        (wait,) = clock.sleeps
+        assert 5.0 <= wait <= 10.0
+
+    def test_coroutine_from_sync_function_on_the_full_path(
+        self, clock: Any
+    ) -> None:
+        """The wrong-shell check holds past the bare first attempt too (an
+        attempt timeout takes the full path)."""
+
+        async def work() -> None:
+            return None
+
+        @Policy(timeout=5)
+        def looks_sync() -> Any:
+            return work()
+
+        with pytest.raises(TypeError, match="async def"):
+            looks_sync()
+
+    def test_async_backoff_and_custom_are_refused(self) -> None:
+        """A backoff whose delay() is async, or an async Custom function,
+        is refused at construction."""
+
+        class Async:
+            async def delay(
+                self, retry: int, previous: float, rng: Any
+            ) -> float:
+                return 0.0
+
+        async def fn(retry: int) -> float:
+            return 0.0
+
+        with pytest.raises(resilient.ConfigTypeError, match="sync delay"):
+            Policy(backoff=Async())  # type: ignore[arg-type]
+        with pytest.raises(resilient.ConfigTypeError, match="sync function"):
+            resilient.Custom(fn)  # type: ignore[arg-type]
+
+    def test_broken_backoff_while_outwaiting(self, clock: Any) -> None:
+        """A backoff that fails while a rejection is outwaited gives up
+        with the rejection (reason backoff_error)."""
+
+        class Broken:
+            def delay(self, retry: int, previous: float, rng: Any) -> float:
+                raise RuntimeError
+
+        m = RetryMachine(
+            Policy(backoff=Broken()), clock, random.Random(0), clock.now()
+        )
+        step = m.on_error(CircuitOpen("x", 1.0))
+        assert isinstance(step, GiveUp)
+        assert step.reason == "backoff_error"
+
+
+def _raise(exc: type[Exception]) -> Any:
+    def body() -> None:
+        raise exc
+
+    return body

@@ -13,7 +13,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Final, final
 
-from resilient._core import _state
+from resilient._core import _settings, _state
 from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
 from resilient.exceptions import CircuitOpen, Rejected
 
@@ -22,12 +22,16 @@ if TYPE_CHECKING:
     import random
     from collections.abc import Callable
 
-    from resilient._core._settings import RetrySettings
+    from resilient._policy import Policy  # For type checkers only.
     from resilient._retry_budget import RetryBudget
     from resilient.typing import Clock
 
 
 log: Final = logging.getLogger("resilient")
+
+# What the machine reads of a policy (imported for the protocol's sake: it
+# is the API this layer is written against).
+RetrySettings = _settings.RetrySettings
 
 
 class WrongShell(TypeError):
@@ -86,7 +90,7 @@ class RetryMachine:
 
     def __init__(
         self,
-        policy: RetrySettings,
+        policy: Policy | RetrySettings,
         clock: Clock,
         rng: random.Random,
         start: float,
@@ -96,7 +100,7 @@ class RetryMachine:
         admission_wait: Callable[[], float] | None = None,
         breaker_wait: Callable[[], float] | None = None,
     ) -> None:
-        self.policy = policy
+        self.policy: RetrySettings = policy
         self.retry_budget = retry_budget
         self.admission_wait = (
             admission_wait if admission_wait is not None else breaker_wait

@@ -328,3 +328,27 @@ def _call_through() -> None:
 
     async def main() -> None:
         assert_type(await policy.acall(add_async, 1, 2), int)
+
+
+def _rejections(exc: resilient.Rejected) -> None:
+    assert_type(exc.retry_after, float | None)
+    if isinstance(exc, resilient.CircuitOpen):
+        opened: resilient.Rejected = exc
+        assert_type(opened.retry_after, float | None)
+
+
+def _lowlevel() -> None:
+    import random
+
+    machine = resilient.lowlevel.RetryMachine(
+        resilient.Policy(name="low"),
+        resilient.testing.FakeClock(),
+        random.Random(0),
+        0.0,
+        admission_wait=lambda: 0.0,
+    )
+    step = machine.on_error(ConnectionError())
+    assert_type(step, resilient.lowlevel.Retry | resilient.lowlevel.GiveUp)
+    if isinstance(step, resilient.lowlevel.Retry):
+        assert_type(step.delay, float)
+    assert_type(machine.attempt, int)
