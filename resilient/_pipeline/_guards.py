@@ -28,21 +28,23 @@ class Guards:
     The admission stages (in `ORDER`) and the retry budget of one policy.
     """
 
-    __slots__ = ("_generation", "_policy", "bare", "budget", "stages")
+    __slots__ = ("_policy", "bare", "budget", "generation", "stages")
 
     def __init__(self, policy: RetrySettings) -> None:
         self._policy = policy
-        self._generation = -1
+        self.generation = -1
+        """The registry generation the parts were looked up in."""
         self.stages: tuple[Stage, ...] = ()
         self.budget: RetryBudget | None = None
         self.bare: BreakerStage | None = None
         """The only guard when it is a breaker: while it is closed, a first
         attempt runs bare."""
-        self._look_up()
+        self.look_up()
 
-    def _look_up(self) -> None:
+    def look_up(self) -> None:
+        """Look the parts up (again) in the registries."""
         policy = self._policy
-        self._generation = _registry.generation()
+        self.generation = _registry.generation()
         self.stages = tuple(
             make(policy.name, config)
             for field, make in ORDER
@@ -62,9 +64,8 @@ class Guards:
 
     def fresh(self) -> Guards:
         """These guards, looked up again if the registries were reset."""
-        # The module global, not generation(): one int compare per call.
-        if self._generation != _registry._generation:  # noqa: SLF001
-            self._look_up()
+        if self.generation != _registry.generation():
+            self.look_up()
         return self
 
     @classmethod

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio.lowlevel
 
-from resilient._core import _clock
+from resilient._core import _clock, _registry
 from resilient._core._loops import refuse_blocking
 from resilient._core._telemetry import disabled
 from resilient._pipeline._call import (
@@ -197,8 +197,10 @@ def call_sync(  # noqa: C901 - the bare first attempt, inline for speed
 ) -> Any:
     """A call through *policy*, sync: the bare first attempt, then the
     flow."""
-    if guards is not None:
-        guards = guards.fresh()
+    # The registries were reset: look the parts up again (one int compare
+    # per call; the module global, not a call of generation()).
+    if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001
+        guards.look_up()
     if bare_ok(policy):
         bare = None if guards is None else guards.bare
         if guards is None or bare is not None:
@@ -240,8 +242,10 @@ async def call_async(
 ) -> Any:
     """A call through *policy*, async: the bare first attempt when no
     deadline needs a cancel scope, then the flow."""
-    if guards is not None:
-        guards = guards.fresh()
+    # The registries were reset: look the parts up again (one int compare
+    # per call; the module global, not a call of generation()).
+    if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001
+        guards.look_up()
     if (
         policy.budget is None
         and bare_ok(policy)
