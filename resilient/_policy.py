@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable
 from typing import (
     TYPE_CHECKING,
     Any,
-    Final,
     ParamSpec,
     TypedDict,
     TypeVar,
@@ -32,13 +31,19 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decorate import decorate, is_async_callable
 from resilient._core._hints import default_retry_after
-from resilient._core._validate import (
-    callable_or_none,
-    check_classes_or_predicate,
+from resilient._core._policy_checks import (
+    UNNAMED,
+    Unnamed,
+    check_attempts,
+    check_backoff,
+    check_hook,
     check_name,
-    field_name,
+    check_predicate,
+    check_retry_on,
+    instance_or_none,
+)
+from resilient._core._validate import (
     non_negative,
-    positive_int_or_none,
     positive_or_none,
     to_exception_classes,
     to_seconds,
@@ -73,129 +78,6 @@ RetryOn = (
 )
 
 DEFAULT_RETRY_ON: tuple[type[Exception], ...] = (ConnectionError, TimeoutError)
-
-
-@final
-class _Unnamed(str):
-    """The default name, told apart from an explicit ``"default"``: a
-    policy with a stateful guard must be named (they are shared by
-    name)."""
-
-    __slots__ = ()
-
-
-_UNNAMED: Final = _Unnamed("default")
-
-
-def _check_name(
-    inst: Policy, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    check_name(field_name(inst, attribute), value)
-
-
-def takes(where: str, fn: object, count: int, what: str) -> None:
-    """
-    Refuse *fn* unless it can be called with *count* positional arguments
-    (when its signature can be read at all).
-    """
-    try:
-        signature = inspect.signature(fn)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return  # Some built-ins have no signature: trust them.
-    try:
-        signature.bind(*(None,) * count)
-    except TypeError:
-        raise ConfigTypeError(
-            where,
-            fn,
-            f"must be callable with {what} "
-            f"({count} positional argument{'s' if count != 1 else ''})",
-        ) from None
-
-
-def _sync_callable(where: str, fn: object, what: str, why: str) -> None:
-    """A sync callable of one argument: an async one would be read as
-    always true (a coroutine object is truthy)."""
-    if is_async_callable(fn):
-        raise ConfigTypeError(
-            where, fn, f"must be a sync function ({why}), not async"
-        )
-    takes(where, fn, 1, what)
-
-
-def _check_backoff(
-    inst: Policy, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    where = field_name(inst, attribute)
-    delay = None if isinstance(value, type) else getattr(value, "delay", None)
-    if not callable(delay):
-        raise ConfigTypeError(
-            where,
-            value,
-            "must be a backoff strategy (an object with a delay() method, "
-            "such as resilient.FullJitter())",
-        )
-    if is_async_callable(delay):
-        raise ConfigTypeError(where, value, "must have a sync delay() method")
-    takes(f"{where}.delay", delay, 3, "(retry, previous, rng)")
-
-
-def _check_retry_on(
-    inst: Policy, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    check_classes_or_predicate(
-        inst, attribute, value, never="are never retried"
-    )
-    if not isinstance(value, tuple):
-        _sync_callable(
-            field_name(inst, attribute),
-            value,
-            "the exception",
-            "it is asked in sync code too",
-        )
-
-
-def _check_predicate(
-    inst: Policy, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    callable_or_none(inst, attribute, value)
-    if value is not None and value is not default_retry_after:
-        _sync_callable(
-            field_name(inst, attribute),
-            value,
-            "one argument",
-            "it is asked in sync code too",
-        )
-
-
-def _check_hook(
-    inst: Policy, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    callable_or_none(inst, attribute, value)
-    if value is not None:
-        takes(field_name(inst, attribute), value, 1, "the RetryEvent")
-
-
-def _check_attempts(
-    inst: Policy, attribute: attrs.Attribute[Any], value: object
-) -> None:
-    positive_int_or_none(inst, attribute, value)
-
-
-def _instance_or_none(
-    cls: type,
-) -> Callable[[object, attrs.Attribute[Any], object], None]:
-    def check(
-        inst: object, attribute: attrs.Attribute[Any], value: object
-    ) -> None:
-        if value is not None and not isinstance(value, cls):
-            raise ConfigTypeError(
-                field_name(inst, attribute),
-                value,
-                f"must be a resilient.{cls.__name__} or None",
-            )
-
-    return check
 
 
 @final
@@ -259,11 +141,9 @@ class Policy:
     .. versionadded:: 26.11.0
     """
 
-    name: str = attrs.field(default=_UNNAMED, validator=_check_name)
-    attempts: int | None = attrs.field(default=4, validator=_check_attempts)
-    backoff: Backoff = attrs.field(
-        factory=FullJitter, validator=_check_backoff
-    )
+    name: str = attrs.field(default=UNNAMED, validator=check_name)
+    attempts: int | None = attrs.field(default=4, validator=check_attempts)
+    backoff: Backoff = attrs.field(factory=FullJitter, validator=check_backoff)
     budget: float | None = attrs.field(
         default=30.0, converter=to_seconds, validator=positive_or_none
     )
@@ -273,31 +153,31 @@ class Policy:
     retry_on: tuple[type[Exception], ...] | ExceptionPredicate = attrs.field(
         default=DEFAULT_RETRY_ON,
         converter=to_exception_classes,
-        validator=_check_retry_on,
+        validator=check_retry_on,
     )
     retry_if_result: ResultPredicate | None = attrs.field(
-        default=None, validator=_check_predicate
+        default=None, validator=check_predicate
     )
     retry_after: RetryAfter | None = attrs.field(
-        default=default_retry_after, validator=_check_predicate
+        default=default_retry_after, validator=check_predicate
     )
     max_retry_after: float = attrs.field(
         default=60.0, converter=to_seconds, validator=non_negative
     )
     before_sleep: Hook | AsyncHook | None = attrs.field(
-        default=None, validator=_check_hook
+        default=None, validator=check_hook
     )
     on_give_up: Hook | AsyncHook | None = attrs.field(
-        default=None, validator=_check_hook
+        default=None, validator=check_hook
     )
     breaker: BreakerConfig | None = attrs.field(
-        default=None, validator=_instance_or_none(BreakerConfig)
+        default=None, validator=instance_or_none(BreakerConfig)
     )
     bulkhead: BulkheadConfig | None = attrs.field(
-        default=None, validator=_instance_or_none(BulkheadConfig)
+        default=None, validator=instance_or_none(BulkheadConfig)
     )
     retry_budget: RetryBudgetConfig | None = attrs.field(
-        default=None, validator=_instance_or_none(RetryBudgetConfig)
+        default=None, validator=instance_or_none(RetryBudgetConfig)
     )
     _async_hooks: bool = attrs.field(
         init=False, default=False, repr=False, eq=False
@@ -313,7 +193,7 @@ class Policy:
                 None,
                 "may only be None (unbounded) when Policy.budget is set",
             )
-        if type(self.name) is _Unnamed and (
+        if type(self.name) is Unnamed and (
             self.breaker is not None
             or self.bulkhead is not None
             or self.retry_budget is not None
