@@ -55,6 +55,11 @@ from resilient._retry_budget import (
     RetryBudgetStatistics,
     retry_budget,
 )
+from resilient._singleflight import (
+    SingleFlight,
+    SingleFlightStatistics,
+    singleflight,
+)
 from resilient._timeout import (
     TimeoutScope,
     deadline_from_header,
@@ -110,6 +115,8 @@ __all__ = [
     "RetryMachine",
     "Retrying",
     "ScopeCancelled",
+    "SingleFlight",
+    "SingleFlightStatistics",
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
@@ -129,6 +136,7 @@ __all__ = [
     "retrying",
     "schedule",
     "set_breaker_defaults",
+    "singleflight",
     "timeout",
     "timeout_at",
 ]
