@@ -152,11 +152,17 @@ class Callers:
             self._cm = anyio.from_thread.start_blocking_portal(kind)
             self.portal = self._cm.__enter__()
 
-    def close(self) -> None:
+    def close(self, *, cancel: bool = False) -> None:
+        """Join the threads; stop the event loop (*cancel*: its tasks)."""
         for t in self.threads:
             t.join(10)
-        if self._cm is not None:
-            self._cm.__exit__(None, None, None)
+        cm, self._cm = self._cm, None
+        if cm is not None:
+            if cancel:  # The portal cancels its tasks when left by an error.
+                stop = RuntimeError("stop")
+                assert cm.__exit__(RuntimeError, stop, None) is False
+            else:
+                cm.__exit__(None, None, None)
 
     def work(self) -> Work:
         return Work(is_async=self.is_async)
@@ -720,8 +726,10 @@ def test_a_follower_in_a_timeout_scope_times_out_alone(
     waiting(group, 1)
     hurried = callers.start(call, timeout=0.02)
     assert isinstance(hurried.exception(10), TimedOut)
+    patient = callers.start(call, timeout=60)
+    waiting(group, 2)
     work.latch.open()
-    assert leader.result(10) is work.results[0]
+    assert leader.result(10) is patient.result(10) is work.results[0]
     quiet(group)
 
 
@@ -810,6 +818,92 @@ def test_the_last_caller_leaving_cancels_the_execution(kind: str) -> None:
     finally:
         callers.close()
     quiet(group)
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "trio"])
+def test_a_thread_leaving_last_cancels_an_async_execution(
+    kind: str, clock: resilient.testing.FakeClock
+) -> None:
+    """The last caller, a thread, cancels the work through its event loop."""
+    group = resilient.SingleFlight()
+    loop = Callers(kind)
+    threads = Callers("sync")
+    work = Work(is_async=True)
+    try:
+
+        async def lead() -> Any:
+            return await group.acall("k", work.async_)
+
+        leader = loop.start(lead)
+        waiting(group, 1)
+        follower = threads.start(
+            lambda: group.call("k", work.sync), deadline=1
+        )
+        waiting(group, 2)
+        leader.cancel()
+        waiting(group, 1)
+        assert work.cancelled == 0
+        clock.advance(2)
+        assert isinstance(follower.exception(10), DeadlineExceeded)
+        wait_until(lambda: work.cancelled == 1)
+    finally:
+        threads.close()
+        loop.close()
+    assert group.statistics().abandoned == 1
+    quiet(group)
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "trio"])
+def test_an_execution_whose_event_loop_closes_hands_over(kind: str) -> None:
+    """
+    The event loop running an execution closes: the callers still waiting
+    elsewhere start over, one of them leading.
+    """
+    group = resilient.SingleFlight()
+    loop = Callers(kind)
+    threads = Callers("sync")
+    work = Work(is_async=True)
+    try:
+
+        async def lead() -> Any:
+            try:
+                return await group.acall("k", work.async_)
+            except anyio.get_cancelled_exc_class():
+                return "cancelled"
+
+        leader = loop.start(lead)
+        waiting(group, 1)
+        follower = threads.start(lambda: group.call("k", lambda: "rerun"))
+        waiting(group, 2)
+        loop.close(cancel=True)  # Every task of the loop is cancelled.
+        assert leader.result(10) == "cancelled"
+        assert follower.result(10) == "rerun"
+    finally:
+        threads.close()
+    assert work.cancelled == 1
+    assert group.statistics().executions == 2
+    quiet(group)
+
+
+async def test_an_execution_aborted_before_it_started_never_runs(
+    anyio_backend: str,
+) -> None:
+    """
+    A task whose flight ended before it ran (its leader was interrupted
+    between starting it and recording so) does not run the work.
+    """
+    from resilient._singleflight._machine import Flight
+
+    group = resilient.SingleFlight()
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(1)
+
+    flight = Flight("k", 1, Ticket(ThreadWaiter()), is_async=True)
+    group._machine.finish(flight, ABORTED)
+    await group._run(flight, work, (), {})
+    assert runs == []
 
 
 async def test_no_task_is_left_behind(anyio_backend: str) -> None:
@@ -1204,6 +1298,17 @@ def test_a_failed_callers_span_records_the_exception(
     (span,) = telemetry.spans()
     assert not span.status.is_ok
     assert [e.name for e in span.events] == ["exception"]
+
+
+def test_an_unhashable_key_leaves_no_span(
+    telemetry: Telemetry,
+) -> None:
+    """A call refused before it joined anything leaves no span."""
+    group = resilient.SingleFlight()
+    with pytest.raises(TypeError):
+        group.call({}, lambda: None)
+    assert group.call("k", lambda: None) is None
+    assert len(telemetry.spans()) == 1
 
 
 def test_a_restarted_caller_has_one_span_with_a_restart_event(

@@ -14,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import gc
+import os
 import random
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -228,11 +231,34 @@ def test_keyboard_interrupts_at_random_points_leave_nothing_behind() -> None:
     KeyboardInterrupts land at random bytecodes in leaders and followers
     (joining, running, waiting, leaving): every one reaches its caller,
     no caller hangs, and at the end the map is empty and nobody waits.
+
+    The storm runs in a fresh interpreter: under a line tracer (coverage)
+    interrupts land in the tracer's own callbacks, which is not a place
+    the library can defend.
     """
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("COVERAGE_PROCESS_START", None)
+    done = subprocess.run(  # noqa: S603 - our own interpreter and code
+        [sys.executable, "-c", f"import {__name__} as t; t.storm()"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    injected, delivered, joined = map(int, done.stdout.split())
+    assert delivered == injected >= 20
+    assert joined > 0
+
+
+def storm(callers: int = 12, seconds: float = 1.5) -> None:
+    """The storm itself: prints injected, delivered and joined counts."""
     group = resilient.SingleFlight()
     stop = threading.Event()
-    delivered = [0] * 12
-    busy = [0] * 12
+    delivered = [0] * callers
 
     def work() -> int:
         total = 0
@@ -245,7 +271,6 @@ def test_keyboard_interrupts_at_random_points_leave_nothing_behind() -> None:
             try:
                 while not stop.is_set():
                     try:
-                        busy[i] += 1
                         group.call("k", work)
                     except KeyboardInterrupt:
                         delivered[i] += 1
@@ -253,18 +278,16 @@ def test_keyboard_interrupts_at_random_points_leave_nothing_behind() -> None:
             except KeyboardInterrupt:
                 delivered[i] += 1
 
-    previous = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)
-    # An interrupt landing in a gc callback (Hypothesis installs one) is
-    # "ignored" by the interpreter: none while storming.
-    callbacks = gc.callbacks[:]
-    gc.callbacks.clear()
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(12)]
+    gc.callbacks.clear()  # An interrupt in a gc callback is "ignored".
+    threads = [
+        threading.Thread(target=body, args=(i,)) for i in range(callers)
+    ]
     try:
         for t in threads:
             t.start()
         rng = random.Random(8)
-        end = time.monotonic() + 1.5
+        end = time.monotonic() + seconds
         injected = 0
         while time.monotonic() < end and injected < 300:
             i = rng.randrange(len(threads))
@@ -278,13 +301,9 @@ def test_keyboard_interrupts_at_random_points_leave_nothing_behind() -> None:
             time.sleep(rng.random() * 0.0005)
     finally:
         stop.set()
-        sys.setswitchinterval(previous)
-        gc.callbacks[:] = callbacks
         for t in threads:
             t.join(10)
     assert not any(t.is_alive() for t in threads), "a caller hangs"
-    assert sum(delivered) == injected >= 20
-    assert sum(busy) > injected
     s = group.statistics()
-    assert (s.in_flight, s.running, s.waiting) == (0, 0, 0)
-    assert s.joined > 0
+    assert (s.in_flight, s.running, s.waiting) == (0, 0, 0), s
+    print(injected, sum(delivered), s.joined)  # noqa: T201

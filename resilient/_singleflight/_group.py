@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from contextvars import Token
 
     from opentelemetry.context import Context
-    from opentelemetry.trace import Span
+    from opentelemetry.trace import Span, Tracer
     from opentelemetry.util.types import AttributeValue
 
 
@@ -223,9 +223,10 @@ class SingleFlight:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> T:
-        if disabled():
+        tracer = None if disabled() else _tracer()
+        if tracer is None:
             return self._fly(key, fn, args, kwargs, None)
-        traced = _Traced(self)
+        traced = _Traced(self, tracer)
         try:
             return self._fly(key, fn, args, kwargs, traced)
         except BaseException as exc:
@@ -252,15 +253,18 @@ class SingleFlight:
                     return self._lead(flight, fn, args, kwargs, traced)
                 self._follow(flight, waiter)
             finally:
-                late = None
+                late = doomed = None
                 while True:  # Interrupted while leaving: leave again.
                     try:
-                        m.leave(ticket)
+                        doomed = m.leave(ticket)
                         break
-                    except BaseException as exc:  # noqa: BLE001
+                    # An asynchronous exception: stormed in a subprocess.
+                    except BaseException as exc:  # noqa: BLE001 # pragma: no cover
                         late = exc
+                if doomed is not None and doomed.cancel is not None:
+                    doomed.cancel()  # The last caller of an async execution.
                 if late is not None:
-                    raise late
+                    raise late  # pragma: no cover
             done, value = _outcome(flight, ticket, traced)
             if done:
                 return value  # type: ignore[no-any-return]
@@ -342,9 +346,10 @@ class SingleFlight:
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> T:
-        if disabled():
+        tracer = None if disabled() else _tracer()
+        if tracer is None:
             return await self._afly(key, fn, args, kwargs, None)
-        traced = _Traced(self)
+        traced = _Traced(self, tracer)
         try:
             return await self._afly(key, fn, args, kwargs, traced)
         except BaseException as exc:
@@ -376,12 +381,13 @@ class SingleFlight:
                     try:
                         doomed = m.leave(ticket)
                         break
-                    except BaseException as exc:  # noqa: BLE001
+                    # An asynchronous exception (the sync twin is stormed).
+                    except BaseException as exc:  # noqa: BLE001 # pragma: no cover
                         late = exc
                 if doomed is not None and doomed.cancel is not None:
                     doomed.cancel()
                 if late is not None:
-                    raise late
+                    raise late  # pragma: no cover
             done, value = _outcome(flight, ticket, traced)
             if done:
                 return value  # type: ignore[no-any-return]
@@ -442,7 +448,7 @@ class SingleFlight:
             raise  # The event loop is closing down: the callers start over.
         except BaseException as exc:
             m.finish(flight, ABORTED, error=exc)
-            if flight.owner not in flight.members:
+            if flight.owner not in flight.members:  # pragma: no cover
                 raise  # Nobody to hand it to: let it end the loop.
         finally:
             m.finish(flight, ABORTED)
@@ -566,14 +572,20 @@ def _canceller(scope: anyio.CancelScope) -> Callable[[], None]:
     return cancel
 
 
+def _tracer() -> Tracer | None:
+    """resilient's tracer, if a tracer provider is configured."""
+    return TELEMETRY.tracer or TELEMETRY.resolve()[0]
+
+
 @final
 class _Traced:
     """The span of one caller: its role, its flight, how many joined."""
 
-    __slots__ = ("_flight", "_group", "_leads", "_linked", "_span")
+    __slots__ = ("_flight", "_group", "_leads", "_linked", "_span", "_tracer")
 
-    def __init__(self, group: SingleFlight) -> None:
+    def __init__(self, group: SingleFlight, tracer: Tracer) -> None:
         self._group = group
+        self._tracer = tracer
         self._span: Span | None = None
         self._flight: Flight | None = None
         self._leads = False
@@ -590,15 +602,12 @@ class _Traced:
         }
         span = self._span
         if span is None:
-            tracer = TELEMETRY.tracer or TELEMETRY.resolve()[0]
-            if tracer is None:
-                return
             leader = flight.span
             links = None
             if leader is not None and not leads:
                 links = [Link(leader.get_span_context())]
                 self._linked = True
-            span = self._span = tracer.start_span(
+            span = self._span = self._tracer.start_span(
                 f"singleflight {self._group.name}",
                 attributes=attributes,
                 links=links,
@@ -610,13 +619,12 @@ class _Traced:
 
     def restart(self) -> None:
         """The execution aborted: the caller starts over."""
-        if self._span is not None:
-            self._span.add_event("resilient.singleflight.restart")
+        assert self._span is not None  # noqa: S101
+        self._span.add_event("resilient.singleflight.restart")
 
-    def enter(self) -> Token[Context] | None:
+    def enter(self) -> Token[Context]:
         """Make the leader's span current while it runs the execution."""
-        if self._span is None:
-            return None
+        assert self._span is not None  # noqa: S101
         return otel_context.attach(otel_trace.set_span_in_context(self._span))
 
     def ended(self, exc: BaseException | None) -> None:
@@ -625,14 +633,12 @@ class _Traced:
         if span is None:
             return
         flight = self._flight
-        if flight is not None:
-            if self._leads:
-                span.set_attribute(
-                    "resilient.singleflight.joined", flight.joined
-                )
-            elif not self._linked and flight.span is not None:
-                # Joined before the leader's span existed.
-                span.add_link(flight.span.get_span_context())
+        assert flight is not None  # noqa: S101 - the span began at a join
+        if self._leads:
+            span.set_attribute("resilient.singleflight.joined", flight.joined)
+        elif not self._linked and flight.span is not None:
+            # Joined before the leader's span existed.
+            span.add_link(flight.span.get_span_context())
         if exc is None:
             span.set_status(Status(StatusCode.OK))
         else:
