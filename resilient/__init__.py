@@ -6,7 +6,10 @@ locks for Python backends, sync and async, configured by one policy object.
 from __future__ import annotations
 
 import contextlib
+import typing as _typing
 
+from resilient import lowlevel
+from resilient._backends import ReleaseResult
 from resilient._breaker import (
     BreakerPermit,
     BreakerState,
@@ -47,9 +50,16 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
-from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
-from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
+from resilient._core._transient import (
+    DependencyFailure,
+    Transient,
+    http_status,
+)
+from resilient._fence import fence_guard, fenced_update
+from resilient._lock import Lease, Lock, LockConfig, lock
+from resilient._pipeline._block import Attempt
+from resilient._policy import Policy, Retrying, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
     RetryBudgetStatistics,
@@ -74,6 +84,9 @@ from resilient.exceptions import (
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
+    LockLost,
+    LockNotAcquired,
+    Rejected,
     ResilientError,
     ScopeCancelled,
     TimedOut,
@@ -102,17 +115,24 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "DecorrelatedJitter",
+    "DependencyFailure",
     "EqualJitter",
     "Exponential",
     "FullJitter",
+    "Lease",
+    "Lock",
+    "LockConfig",
+    "LockLost",
+    "LockNotAcquired",
     "MonotonicClock",
     "Policy",
+    "Rejected",
+    "ReleaseResult",
     "ResilientError",
     "RetryBudget",
     "RetryBudgetConfig",
     "RetryBudgetStatistics",
     "RetryEvent",
-    "RetryMachine",
     "Retrying",
     "ScopeCancelled",
     "SingleFlight",
@@ -120,6 +140,7 @@ __all__ = [
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
+    "Transient",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -128,6 +149,10 @@ __all__ = [
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
+    "fence_guard",
+    "fenced_update",
+    "http_status",
+    "lock",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
@@ -154,9 +179,18 @@ def _fix_module_names() -> None:
 _fix_module_names()
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> _typing.Any:
     if name == "__version__":
         import importlib.metadata  # noqa: PLC0415
 
         return importlib.metadata.version("resilient")
+    if name == "RetryMachine":
+        import warnings  # noqa: PLC0415
+
+        warnings.warn(
+            "resilient.RetryMachine moved to resilient.lowlevel.RetryMachine",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return lowlevel.RetryMachine
     raise AttributeError(f"module 'resilient' has no attribute {name!r}")
