@@ -390,6 +390,7 @@ def _lowlevel() -> None:
         assert_type(step.delay, float)
     assert_type(machine.attempt, int)
 
+
 # Singleflight: the decorator keeps the signature; the group's calls are
 # typed by the function they run.
 
