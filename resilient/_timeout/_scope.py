@@ -27,6 +27,8 @@ stack (`_in_bookkeeping`).
 from __future__ import annotations
 
 import contextlib
+import dis
+import inspect
 import math
 import signal
 import sys
@@ -78,6 +80,15 @@ _SCOPE: Final = _clock._SCOPE  # noqa: SLF001
 # "Not read yet", for the values a partial entry puts back.
 _UNSET: Final[Any] = object()
 
+# Frames that can be suspended (generators, coroutines): not plain.
+_SUSPENDABLE: Final = (
+    inspect.CO_GENERATOR
+    | inspect.CO_COROUTINE
+    | inspect.CO_ASYNC_GENERATOR
+    | inspect.CO_ITERABLE_COROUTINE
+)
+_BEFORE_WITH: Final = dis.opmap.get("BEFORE_WITH", -1)
+
 
 @final
 class TimeoutScope:
@@ -124,8 +135,10 @@ class TimeoutScope:
         "_request",
         "_scope_token",
         "_state",
+        "_thread",
         "_timed_out",
         "_wakers",
+        "_with_frame",
         "at",
         "cancelled_caught",
     )
@@ -165,6 +178,8 @@ class TimeoutScope:
         self._loop_call: Callable[[Callable[[], object]], None] | None = None
         self._loop_thread = 0
         self._alarm: _Alarm | None = None
+        self._with_frame: FrameType | None = None
+        self._thread = 0
         self.cancelled_caught = False
         """Whether this scope stopped its block (by `cancel()` or its own
         deadline); an enclosing scope firing does not count."""
@@ -350,6 +365,7 @@ class TimeoutScope:
 
     def _enter(self) -> None:
         self._state = "entered"
+        _heal(_SCOPE.get(), None)
         # Read first: a partial entry puts these back.
         self._old_deadline = _DEADLINE.get()
         self._old_scope = _SCOPE.get()
@@ -383,8 +399,40 @@ class TimeoutScope:
             cs.__enter__()
             if self._cancel_called:
                 cs.cancel()
-        elif self._interrupt:
-            self._alarm = _Alarm.arm(self)
+        else:
+            self._note_with_frame(sys._getframe(2))  # noqa: SLF001
+            if self._interrupt:
+                self._alarm = _Alarm.arm(self)
+
+    def _note_with_frame(self, frame: FrameType) -> None:
+        """
+        Remember the frame of the ``with`` statement that entered this
+        sync scope, if it is a plain function's (so it can only be running
+        in this thread or finished), for `_abandoned`.
+        """
+        if (
+            not frame.f_code.co_flags & _SUSPENDABLE
+            and frame.f_code.co_code[frame.f_lasti] == _BEFORE_WITH
+        ):
+            self._with_frame = frame
+            self._thread = threading.get_ident()
+
+    def _abandoned(self) -> bool:
+        """
+        Whether the ``with`` statement that entered this scope is gone
+        without leaving it: an exception delivered exactly as CPython
+        called ``__exit__`` (before its first instruction), which no
+        Python code can catch.
+        """
+        frame = self._with_frame
+        if frame is None or self._thread != threading.get_ident():
+            return False
+        f: FrameType | None = sys._getframe(1)  # noqa: SLF001
+        while f is not None:
+            if f is frame:
+                return False
+            f = f.f_back
+        return True
 
     def _abandon_entry(self) -> None:
         """Undo a partial entry (an exception landed in `_enter`)."""
@@ -446,6 +494,7 @@ class TimeoutScope:
                                     parent._children.discard(self)  # noqa: SLF001
                         finally:
                             self._state = "exited"
+                            self._with_frame = None
         return caught
 
     def _claims(self, exc: BaseException | None, caught: bool) -> bool:
@@ -512,6 +561,7 @@ class TimeoutScope:
         tb: TracebackType | None,
     ) -> bool:
         try:
+            _heal(_SCOPE.get(), self)
             caught = self._leave(exc)
         except BaseException:
             # Something landed while leaving: finish leaving, then let it
@@ -530,6 +580,27 @@ class TimeoutScope:
         tb: TracebackType | None,
     ) -> bool:
         return self.__exit__(exc_type, exc, tb)
+
+
+def _heal(scope: object, until: TimeoutScope | None) -> None:
+    """
+    Finish leaving the scopes, from *scope* outward (up to *until*), whose
+    ``with`` statement is gone without leaving them (`_abandoned`): so a
+    scope an exception skipped the exit of is left at the next scope's
+    entry or an enclosing scope's exit in the same thread.
+    """
+    while (
+        isinstance(scope, TimeoutScope)
+        and scope is not until
+        and scope._state == "entered"  # noqa: SLF001
+        and scope._abandoned()  # noqa: SLF001
+    ):
+        with contextlib.suppress(ValueError):  # A token of another context.
+            scope._leave(None)  # noqa: SLF001
+        if _SCOPE.get() is scope:
+            _SCOPE.set(scope._old_scope)  # noqa: SLF001
+            _DEADLINE.set(scope._old_deadline)  # noqa: SLF001
+        scope = _SCOPE.get()
 
 
 def _fired(scope: TimeoutScope, now: float) -> TimeoutScope | float | None:
@@ -637,10 +708,10 @@ class _Alarm:
 
     __slots__ = (
         "_armed",
+        "_handler_back",
         "_prev_due",
         "_prev_handler",
         "_prev_interval",
-        "_handler_back",
         "_raised",
         "_timer_back",
         "scope",
@@ -817,6 +888,9 @@ _BOOKKEEPING: Final[frozenset[CodeType]] = frozenset(
         TimeoutScope._enter,  # noqa: SLF001
         TimeoutScope._leave,  # noqa: SLF001
         TimeoutScope._abandon_entry,  # noqa: SLF001
+        TimeoutScope._abandoned,  # noqa: SLF001
+        TimeoutScope._note_with_frame,  # noqa: SLF001
+        _heal,
         TimeoutScope.cancel,
         _Alarm.arm,
         _Alarm.disarm,
