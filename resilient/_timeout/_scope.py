@@ -657,8 +657,8 @@ def check_scope() -> None:
         scope.check()
 
 
-@contextlib.contextmanager
-def wake_on_cancel(callback: Callable[[], object]) -> Iterator[None]:
+@final
+class wake_on_cancel:  # noqa: N801 - used like a function
     """
     Call *callback* if the current scope (or an enclosing one) is cancelled
     while inside this block; at once if it already is.
@@ -667,21 +667,48 @@ def wake_on_cancel(callback: Callable[[], object]) -> Iterator[None]:
     ``notify_all()`` under the condition's lock), which then calls
     `check_scope`. It runs in the thread that calls ``cancel()``, and must
     not raise.
+
+    A class, not a generator: a generator-based context manager that an
+    interrupt abandons half-entered is closed later by the garbage
+    collector, where nothing can be raised.
     """
-    scope = _SCOPE.get()
-    if not isinstance(scope, TimeoutScope):
-        yield
-        return
-    wakers = scope._wakers  # noqa: SLF001
-    try:
+
+    __slots__ = ("_callback", "_scope")
+
+    def __init__(self, callback: Callable[[], object]) -> None:
+        self._callback = callback
+        scope = _SCOPE.get()
+        self._scope = scope if isinstance(scope, TimeoutScope) else None
+
+    def __enter__(self) -> None:
+        scope = self._scope
+        if scope is None:
+            return
+        try:
+            with _LOCK:
+                scope._wakers.append(self._callback)  # noqa: SLF001
+                already = scope._event.is_set()  # noqa: SLF001
+            if already:
+                self._callback()
+        except BaseException:
+            self._leave()
+            raise
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        scope = self._scope
+        if scope is None:
+            return
+        callback = self._callback
         with _LOCK:
-            wakers.append(callback)
-            already = scope._event.is_set()  # noqa: SLF001
-        if already:
-            callback()
-        yield
-    finally:
-        with _LOCK:
+            wakers = scope._wakers  # noqa: SLF001
             for i in range(len(wakers) - 1, -1, -1):
                 if wakers[i] is callback:
                     del wakers[i]
@@ -892,6 +919,9 @@ _BOOKKEEPING: Final[frozenset[CodeType]] = frozenset(
         TimeoutScope._note_with_frame,  # noqa: SLF001
         _heal,
         TimeoutScope.cancel,
+        wake_on_cancel.__enter__,
+        wake_on_cancel.__exit__,
+        wake_on_cancel._leave,  # noqa: SLF001
         _Alarm.arm,
         _Alarm.disarm,
         _Alarm.disarm_scope,
