@@ -50,7 +50,7 @@ from resilient.exceptions import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from types import CodeType, FrameType, TracebackType
 
     from resilient.typing import Clock
