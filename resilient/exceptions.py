@@ -314,12 +314,6 @@ class LockNotAcquired(ResilientError):
             f"(waited {self.waited:.3f} s)"
         )
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            type(self),
-            (self.name, self.reason, self.waited, self.retry_after),
-        )
-
 
 @final
 class LockLost(ResilientError):
