@@ -23,7 +23,7 @@ import resilient
 from resilient import _timeout
 from resilient._core import _clock
 
-from .storm import interrupt_storm, storm
+from .storm import interrupt_storm, storm, untraced
 
 
 def _nested() -> None:
@@ -45,6 +45,7 @@ def _leave_one() -> None:
         pass
 
 
+@untraced
 def test_worker_threads_survive_a_storm() -> None:
     """
     1,500 asynchronous exceptions into 2 threads looping nested scopes
