@@ -20,7 +20,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -49,6 +49,7 @@ from resilient._bulkhead import (
 )
 from resilient._core._config_bulkhead import BulkheadConfig
 from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
+from tests.actors import Actors, wait_until
 from tests.conftest import Driver, Telemetry
 
 
@@ -60,15 +61,6 @@ def _fresh_registry() -> Iterator[None]:
     BULKHEADS.clear()
 
 
-def wait_until(predicate: Callable[[], bool], limit: float = 10.0) -> None:
-    """Poll *predicate* (real time, 1 ms steps) until it holds."""
-    end = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > end:  # pragma: no cover (a hang)
-            raise AssertionError("condition never held")
-        time.sleep(0.001)
-
-
 def invariants(s: BulkheadStatistics) -> None:
     """The counts of a snapshot add up."""
     assert s.acquired == s.released + s.in_use
@@ -76,65 +68,23 @@ def invariants(s: BulkheadStatistics) -> None:
     assert 0 <= s.waiting <= s.max_waiting
 
 
-class Actors:
-    """
-    Concurrent callers of one colour: threads (``sync``) or tasks in an
-    asyncio or trio event loop running in a helper thread.
-    """
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._portal_cm: Any = None
-        self.portal: Any = None
-        if kind != "sync":
-            self._portal_cm = anyio.from_thread.start_blocking_portal(kind)
-            self.portal = self._portal_cm.__enter__()
-
-    def close(self) -> None:
-        if self._portal_cm is not None:
-            self._portal_cm.__exit__(None, None, None)
-
-    def acquire(
-        self, bh: Bulkhead, timeout: float | None = None
-    ) -> BulkheadPermit:
-        """Acquire in this colour, blocking the test until it returns."""
-        if self.kind == "sync":
-            return bh.acquire(timeout)
-        return self.portal.call(bh.acquire_async, timeout)  # type: ignore[no-any-return]
-
-    def start(
-        self,
-        bh: Bulkhead,
-        timeout: float | None = None,
-        deadline: float | None = None,
-    ) -> Future[BulkheadPermit]:
-        """Start one acquirer (inside *deadline*); its outcome."""
-        if self.kind == "sync":
-            fut: Future[BulkheadPermit] = Future()
-
-            def body() -> None:
-                try:
-                    with resilient.deadline(deadline):
-                        fut.set_result(bh.acquire(timeout))
-                except BaseException as exc:
-                    fut.set_exception(exc)
-
-            threading.Thread(target=body, daemon=True).start()
-            return fut
-
-        async def abody() -> BulkheadPermit:
-            with resilient.deadline(deadline):
-                return await bh.acquire_async(timeout)
-
-        return self.portal.start_task_soon(abody)  # type: ignore[no-any-return]
+def acquire(
+    actors: Actors, bh: Bulkhead, timeout: float | None = None
+) -> BulkheadPermit:
+    """Acquire in the actors' colour, blocking the test until it returns."""
+    return actors.call(bh.acquire, bh.acquire_async, timeout)
 
 
-@pytest.fixture(params=["sync", "asyncio", "trio"])
-def actors(request: pytest.FixtureRequest) -> Iterator[Actors]:
-    """One scenario, three colours of callers: threads, asyncio, trio."""
-    a = Actors(request.param)
-    yield a
-    a.close()
+def start(
+    actors: Actors,
+    bh: Bulkhead,
+    timeout: float | None = None,
+    deadline: float | None = None,
+) -> Future[BulkheadPermit]:
+    """Start one acquirer (inside *deadline*); its outcome."""
+    return actors.start(
+        bh.acquire, bh.acquire_async, timeout, deadline=deadline
+    )
 
 
 def queued(bh: Bulkhead, n: int) -> None:
@@ -315,9 +265,9 @@ class TestScenarios:
         """N callers get in at once; the next is refused when it may not
         wait."""
         bh = bulkhead("db", max_concurrent=3, max_wait=0)
-        permits = [actors.acquire(bh) for _ in range(3)]
+        permits = [acquire(actors, bh) for _ in range(3)]
         with pytest.raises(BulkheadFull) as info:
-            actors.acquire(bh)
+            acquire(actors, bh)
         e = info.value
         assert (e.name, e.reason, e.max_concurrent, e.waited) == (
             "db",
@@ -335,8 +285,8 @@ class TestScenarios:
     ) -> None:
         """A queued caller gets the slot the holder releases."""
         bh = bulkhead("db", max_concurrent=1, max_wait=5.0)
-        held = actors.acquire(bh)
-        fut = actors.start(bh)
+        held = acquire(actors, bh)
+        fut = start(actors, bh)
         queued(bh, 1)
         assert not fut.done()
         held.release()
@@ -349,10 +299,10 @@ class TestScenarios:
     def test_fifo_order(self, actors: Actors, clock: Any) -> None:
         """Waiters are served in the order they queued."""
         bh = bulkhead("db", max_concurrent=1, max_wait=None)
-        held = actors.acquire(bh)
+        held = acquire(actors, bh)
         futs = []
         for i in range(4):
-            futs.append(actors.start(bh))
+            futs.append(start(actors, bh))
             queued(bh, i + 1)
         order = []
         for expected, fut in enumerate(futs):
@@ -369,8 +319,8 @@ class TestScenarios:
     ) -> None:
         """A waiter is refused once max_wait passes on the clock."""
         bh = bulkhead("db", max_concurrent=1, max_wait=2.0)
-        held = actors.acquire(bh)
-        fut = actors.start(bh)
+        held = acquire(actors, bh)
+        fut = start(actors, bh)
         queued(bh, 1)
         clock.advance(1.9)
         time.sleep(0.02)
@@ -389,21 +339,21 @@ class TestScenarios:
     ) -> None:
         """acquire(timeout=) replaces max_wait for that call."""
         bh = bulkhead("db", max_concurrent=1, max_wait=100.0)
-        held = actors.acquire(bh)
-        fut = actors.start(bh, timeout=1.0)
+        held = acquire(actors, bh)
+        fut = start(actors, bh, timeout=1.0)
         queued(bh, 1)
         clock.advance(1.0)
         with pytest.raises(BulkheadFull, match="timeout"):
             fut.result(timeout=10)
         with pytest.raises(BulkheadFull, match="full"):
-            actors.acquire(bh, timeout=0)
+            acquire(actors, bh, timeout=0)
         held.release()
 
     def test_deadline_clips_wait(self, actors: Actors, clock: Any) -> None:
         """The enclosing deadline ends the wait before max_wait does."""
         bh = bulkhead("db", max_concurrent=1, max_wait=10.0)
-        held = actors.acquire(bh)
-        fut = actors.start(bh, deadline=0.5)
+        held = acquire(actors, bh)
+        fut = start(actors, bh, deadline=0.5)
         queued(bh, 1)
         clock.advance(0.5)
         with pytest.raises(BulkheadFull) as info:
@@ -416,8 +366,8 @@ class TestScenarios:
     ) -> None:
         """A full bulkhead and no time left: refused at once."""
         bh = bulkhead("db", max_concurrent=1, max_wait=10.0)
-        held = actors.acquire(bh)
-        fut = actors.start(bh, deadline=0.0)
+        held = acquire(actors, bh)
+        fut = start(actors, bh, deadline=0.0)
         with pytest.raises(BulkheadFull, match="deadline"):
             fut.result(timeout=10)
         assert bh.statistics().timed_out == 0
@@ -428,7 +378,7 @@ class TestScenarios:
     ) -> None:
         """A free slot is granted whatever the deadline says."""
         bh = bulkhead("db", max_concurrent=1)
-        actors.start(bh, deadline=0.0).result(timeout=10).release()
+        start(actors, bh, deadline=0.0).result(timeout=10).release()
         assert bh.statistics().acquired == 1
 
     def test_queue_full_rejects_at_once(
@@ -436,11 +386,11 @@ class TestScenarios:
     ) -> None:
         """Past max_waiting, a caller is refused without waiting."""
         bh = bulkhead("db", max_concurrent=1, max_waiting=2, max_wait=5.0)
-        held = actors.acquire(bh)
-        futs = [actors.start(bh) for _ in range(2)]
+        held = acquire(actors, bh)
+        futs = [start(actors, bh) for _ in range(2)]
         queued(bh, 2)
         with pytest.raises(BulkheadFull) as info:
-            actors.acquire(bh)
+            acquire(actors, bh)
         assert info.value.reason == "queue_full"
         held.release()
         futs[0].result(timeout=10).release()
@@ -452,9 +402,9 @@ class TestScenarios:
     def test_no_queue(self, actors: Actors, clock: Any) -> None:
         """max_waiting=0 refuses as soon as the slots are taken."""
         bh = bulkhead("db", max_concurrent=1, max_waiting=0, max_wait=5.0)
-        held = actors.acquire(bh)
+        held = acquire(actors, bh)
         with pytest.raises(BulkheadFull, match="queue_full"):
-            actors.acquire(bh)
+            acquire(actors, bh)
         held.release()
 
     def test_acquire_nowait(self, clock: Any) -> None:
@@ -473,7 +423,7 @@ class TestScenarios:
         without waiting."""
         bh = bulkhead("db", max_concurrent=1)
         monkeypatch.setattr(BulkheadMachine, "try_acquire", lambda _: False)
-        actors.acquire(bh).release()
+        acquire(actors, bh).release()
         s = bh.statistics()
         assert (s.acquired, s.released, s.waiting) == (1, 1, 0)
 
@@ -518,8 +468,8 @@ class TestCancellation:
         bh = bulkhead("db", max_concurrent=1, max_wait=None)
         actors = Actors(kind)
         try:
-            held = actors.acquire(bh)
-            fut = actors.start(bh)
+            held = acquire(actors, bh)
+            fut = start(actors, bh)
             queued(bh, 1)
             fut.cancel()
             queued(bh, 0)
