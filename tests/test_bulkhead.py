@@ -16,11 +16,11 @@ few real milliseconds, so a test advances the clock and the waiter notices.
 from __future__ import annotations
 
 import datetime as dt
-import math
+import gc
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -97,67 +97,91 @@ def queued(bh: Bulkhead, n: int) -> None:
 
 
 class TestMachine:
-    def machine(self, n: int = 1, waiting: int = 5) -> BulkheadMachine:
-        return BulkheadMachine(
+    def bulkhead(self, n: int = 1, waiting: int = 5) -> Bulkhead:
+        return Bulkhead(
             "m", BulkheadConfig(max_concurrent=n, max_waiting=waiting)
         )
 
+    def taken(self, bh: Bulkhead) -> BulkheadPermit:
+        p = BulkheadPermit(bh)
+        assert bh._machine.take(p)
+        return p
+
+    def queued(
+        self,
+        bh: Bulkhead,
+        now: float = 0.0,
+        seconds: float = 9.0,
+        reason: Any = "timeout",
+        wake: Callable[[], object] = lambda: None,
+    ) -> BulkheadPermit:
+        p = BulkheadPermit(bh)
+        assert bh._machine.enqueue(p, now, seconds, reason, wake) is None
+        return p
+
     def test_grants_until_full(self) -> None:
-        """Free slots are taken at once; then try_acquire says no."""
-        m = self.machine(2)
-        assert m.try_acquire()
-        assert m.try_acquire()
-        assert not m.try_acquire()
-        assert m.statistics().in_use == 2
+        """Free slots are taken at once; then take says no."""
+        bh = self.bulkhead(2)
+        held = [self.taken(bh), self.taken(bh)]
+        assert not bh._machine.take(BulkheadPermit(bh))
+        assert len(held) == 2
+        assert bh.statistics().in_use == 2
 
     def test_enqueue_takes_a_slot_freed_meanwhile(self) -> None:
-        """A slot freed between try_acquire and enqueue is taken."""
-        m = self.machine(1)
-        assert m.enqueue(0.0, 1.0, "timeout", lambda: None) is None
-        assert m.statistics().in_use == 1
+        """A slot freed between take and enqueue is taken."""
+        bh = self.bulkhead(1)
+        p = self.queued(bh)
+        assert repr(p) == "<BulkheadPermit of 'm', held>"
+        assert bh.statistics().in_use == 1
 
     def test_no_wait_allowed_rejects_full(self) -> None:
         """With no time to wait, the answer is "full" (or "deadline")."""
-        m = self.machine(1)
-        m.try_acquire()
-        assert m.enqueue(0.0, 0.0, "timeout", lambda: None) == "full"
-        assert m.enqueue(0.0, 0.0, "deadline", lambda: None) == "deadline"
+        bh = self.bulkhead(1)
+        m = bh._machine
+        held = self.taken(bh)
+        p = BulkheadPermit(bh)
+        assert m.enqueue(p, 0.0, 0.0, "timeout", lambda: None) == "full"
+        assert m.enqueue(p, 0.0, 0.0, "deadline", lambda: None) == "deadline"
         assert m.statistics().rejected == 2
+        held.release()
 
     def test_queue_bound(self) -> None:
         """Past max_waiting, callers are refused with "queue_full"."""
-        m = self.machine(1, waiting=1)
-        m.try_acquire()
-        assert not isinstance(m.enqueue(0.0, 1.0, "timeout", lambda: 0), str)
-        assert m.enqueue(0.0, 1.0, "timeout", lambda: 0) == "queue_full"
+        bh = self.bulkhead(1, waiting=1)
+        held = self.taken(bh)
+        waiting = self.queued(bh)
+        p = BulkheadPermit(bh)
+        assert bh._machine.enqueue(p, 0, 1, "timeout", print) == "queue_full"
+        waiting.release()
+        held.release()
 
     def test_release_hands_slot_to_first_waiter(self) -> None:
         """FIFO: the first waiter is granted and woken; in_use stays."""
-        m = self.machine(1)
-        first = BulkheadPermit(m)
-        m.try_acquire()
+        bh = self.bulkhead(1)
+        m = bh._machine
+        first = self.taken(bh)
         woken: list[str] = []
-        a = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("a"))
-        b = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("b"))
-        assert not isinstance(a, str | None)
-        assert not isinstance(b, str | None)
-        m.release(first)
+        a = self.queued(bh, wake=lambda: woken.append("a"))
+        b = self.queued(bh, wake=lambda: woken.append("b"))
+        assert repr(a) == "<BulkheadPermit of 'm', waiting>"
+        first.release()
         assert woken == ["a"]
         assert m.settle(a, 1.0) is True
         assert m.settle(b, 1.0) is False
         s = m.statistics()
         assert (s.in_use, s.waiting, s.acquired, s.released) == (1, 1, 2, 1)
         # A newcomer cannot overtake the queue.
-        assert not m.try_acquire()
+        assert not m.take(BulkheadPermit(bh))
 
     def test_expired_waiter_leaves_queue(self) -> None:
         """A waiter past its deadline settles with its reason, once."""
-        m = self.machine(1)
-        m.try_acquire()
-        w = m.enqueue(10.0, 2.0, "deadline", lambda: None)
-        assert not isinstance(w, str | None)
+        bh = self.bulkhead(1)
+        m = bh._machine
+        held = self.taken(bh)
+        w = self.queued(bh, 10.0, 2.0, "deadline")
         assert m.settle(w, 11.9) is False
         assert m.settle(w, 12.0) == "deadline"
+        assert m.settle(w, 12.0) is False  # gone: nothing more to settle
         m.abandon(w)  # after expiry: nothing left to undo
         s = m.statistics()
         assert (s.waiting, s.rejected, s.timed_out, s.cancelled) == (
@@ -166,14 +190,14 @@ class TestMachine:
             1,
             0,
         )
+        held.release()
 
     def test_cancel_while_waiting(self) -> None:
         """A waiter abandoned before its grant leaves the queue."""
-        m = self.machine(1)
-        p = BulkheadPermit(m)
-        m.try_acquire()
-        w = m.enqueue(0.0, 9.0, "timeout", lambda: None)
-        assert not isinstance(w, str | None)
+        bh = self.bulkhead(1)
+        m = bh._machine
+        p = self.taken(bh)
+        w = self.queued(bh)
         m.abandon(w)
         m.release(p)
         s = m.statistics()
@@ -182,14 +206,12 @@ class TestMachine:
 
     def test_cancel_just_after_grant_passes_slot_on(self) -> None:
         """A waiter abandoned after its grant passes the slot to the next."""
-        m = self.machine(1)
-        p = BulkheadPermit(m)
-        m.try_acquire()
+        bh = self.bulkhead(1)
+        m = bh._machine
+        p = self.taken(bh)
         woken: list[str] = []
-        a = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("a"))
-        b = m.enqueue(0.0, 9.0, "timeout", lambda: woken.append("b"))
-        assert not isinstance(a, str | None)
-        assert not isinstance(b, str | None)
+        a = self.queued(bh, wake=lambda: woken.append("a"))
+        b = self.queued(bh, wake=lambda: woken.append("b"))
         m.release(p)
         m.abandon(a)
         assert woken == ["a", "b"]
@@ -200,30 +222,28 @@ class TestMachine:
 
     def test_cancel_just_after_grant_frees_slot(self) -> None:
         """With nobody else waiting, the abandoned grant frees the slot."""
-        m = self.machine(1)
-        p = BulkheadPermit(m)
-        m.try_acquire()
-        a = m.enqueue(0.0, 9.0, "timeout", lambda: None)
-        assert not isinstance(a, str | None)
+        bh = self.bulkhead(1)
+        m = bh._machine
+        p = self.taken(bh)
+        a = self.queued(bh)
         m.release(p)
         m.abandon(a)
         m.abandon(a)  # twice changes nothing
         s = m.statistics()
         assert (s.in_use, s.acquired, s.released) == (0, 2, 2)
-        assert m.try_acquire()
+        self.taken(bh)
 
     def test_dead_waiter_skipped(self) -> None:
         """A waiter whose wake-up fails (its loop is gone) is skipped."""
-        m = self.machine(1)
-        p = BulkheadPermit(m)
-        m.try_acquire()
+        bh = self.bulkhead(1)
+        m = bh._machine
+        p = self.taken(bh)
 
         def dead() -> None:
             raise anyio.RunFinishedError
 
-        m.enqueue(0.0, 9.0, "timeout", dead)
-        live = m.enqueue(0.0, 9.0, "timeout", lambda: None)
-        assert not isinstance(live, str | None)
+        self.queued(bh, wake=dead)
+        live = self.queued(bh)
         m.release(p)
         assert m.settle(live, 0.0) is True
         s = m.statistics()
@@ -231,27 +251,77 @@ class TestMachine:
 
     def test_dead_last_waiter_frees_slot(self) -> None:
         """With only a dead waiter queued, the slot becomes free."""
-        m = self.machine(1)
-        p = BulkheadPermit(m)
-        m.try_acquire()
+        bh = self.bulkhead(1)
+        p = self.taken(bh)
 
         def dead() -> None:
             raise RuntimeError("loop closed")
 
-        m.enqueue(0.0, 9.0, "timeout", dead)
-        m.release(p)
-        assert m.statistics().in_use == 0
+        self.queued(bh, wake=dead)
+        p.release()
+        assert bh.statistics().in_use == 0
 
     def test_release_is_idempotent(self) -> None:
-        """Releasing a permit twice frees one slot."""
-        m = self.machine(2)
-        m.try_acquire()
-        m.try_acquire()
-        p = BulkheadPermit(m)
+        """Releasing a permit twice frees one slot; a permit that never
+        held one frees nothing."""
+        bh = self.bulkhead(2)
+        kept = self.taken(bh)
+        p = self.taken(bh)
         p.release()
         p.release()
         assert p.released
-        assert m.statistics().in_use == 1
+        never = BulkheadPermit(bh)
+        never.release()
+        assert never.released
+        assert bh.statistics().in_use == 1
+        kept.release()
+
+    def test_a_dropped_permit_gives_its_slot_back(self) -> None:
+        """A held permit freed without a release gives its slot back (an
+        exception between the grant and the caller's try cannot leak it),
+        to the first waiter if any."""
+        bh = self.bulkhead(1)
+        p = self.taken(bh)
+        w = self.queued(bh)
+        del p
+        gc.collect()
+        assert bh._machine.settle(w, 0.0) is True
+        w.release()
+        s = bh.statistics()
+        assert (s.in_use, s.acquired, s.released) == (0, 2, 2)
+
+    def test_a_permit_dropped_under_the_lock_is_collected_later(
+        self,
+    ) -> None:
+        """A permit freed while its bulkhead's lock is held (the cyclic
+        collector runs anywhere) never blocks: its slot comes back at the
+        next locked step."""
+        bh = self.bulkhead(1)
+        p = self.taken(bh)
+        with bh._machine._lock:
+            del p
+            gc.collect()
+            assert bh._machine.in_use == 1
+        s = bh.statistics()
+        assert (s.in_use, s.released) == (0, 1)
+
+    def test_a_free_slot_behind_a_queue_is_served_by_a_waiter(
+        self,
+    ) -> None:
+        """A slot freed without a hand-on (an exception landed between the
+        two) goes to the first waiter when any waiter looks again."""
+        bh = self.bulkhead(1)
+        m = bh._machine
+        held = self.taken(bh)
+        a = self.queued(bh)
+        b = self.queued(bh)
+        # The state a release cut off before it served the queue leaves:
+        held._state = 3
+        m.released += 1
+        m.in_use = 0
+        assert m.settle(b, 0.0) is False
+        assert m.settle(a, 0.0) is True
+        invariants(m.statistics())
 
 
 # --------------------------------------------------------------------------
@@ -422,7 +492,7 @@ class TestScenarios:
         """A slot freed between the fast path and queueing is taken
         without waiting."""
         bh = bulkhead("db", max_concurrent=1)
-        monkeypatch.setattr(BulkheadMachine, "try_acquire", lambda _: False)
+        monkeypatch.setattr(BulkheadMachine, "take", lambda *_: False)
         acquire(actors, bh).release()
         s = bh.statistics()
         assert (s.acquired, s.released, s.waiting) == (1, 1, 0)
@@ -533,14 +603,14 @@ class TestCancellation:
         """A thread interrupted (KeyboardInterrupt) in the queue leaves it."""
 
         class Interrupted:
-            def acquire(self, blocking: bool, timeout: float) -> bool:
+            def wait(self, timeout: float) -> bool:
                 raise KeyboardInterrupt
 
-            def release(self) -> None: ...
+            def wake(self) -> None: ...
 
         bh = bulkhead("db", max_concurrent=1, max_wait=None)
         held = bh.acquire()
-        monkeypatch.setattr("resilient._bulkhead._new_gate", Interrupted)
+        monkeypatch.setattr("resilient._bulkhead.ThreadWaiter", Interrupted)
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()
         held.release()
@@ -555,18 +625,18 @@ class TestCancellation:
         held = bh.acquire()
 
         class GrantThenInterrupt:
-            released = False
+            woken = False
 
-            def acquire(self, blocking: bool, timeout: float) -> bool:
+            def wait(self, timeout: float) -> bool:
                 held.release()  # the grant arrives...
-                assert self.released
+                assert self.woken
                 raise KeyboardInterrupt  # ...and so does a signal
 
-            def release(self) -> None:
-                self.released = True
+            def wake(self) -> None:
+                self.woken = True
 
         monkeypatch.setattr(
-            "resilient._bulkhead._new_gate", GrantThenInterrupt
+            "resilient._bulkhead.ThreadWaiter", GrantThenInterrupt
         )
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()
@@ -853,7 +923,7 @@ class TestRegistry:
     def test_conflicting_config(self) -> None:
         """A different configuration for an existing name is refused."""
         bulkhead("db", max_concurrent=3)
-        with pytest.raises(ConfigError, match=r"Bulkhead\('db'\)\.config"):
+        with pytest.raises(ConfigError, match=r"bulkhead\('db'\)\.config"):
             bulkhead("db", max_concurrent=4)
 
     def test_config_and_knobs(self) -> None:
@@ -872,43 +942,94 @@ class TestRegistry:
     )
     def test_bad_name(self, name: Any, error: type[Exception]) -> None:
         """Names are non-empty strings."""
-        with pytest.raises(error, match=r"Bulkhead\(name\)"):
+        with pytest.raises(error, match=r"bulkhead\(name\)"):
             get_bulkhead(name)
 
-    def test_bounded_forgets_idle_ones(
+    def test_held_bulkhead_is_never_duplicated(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Past the limit, the least recently used idle bulkheads go; busy
-        ones stay."""
+        """Regression: past the registry's limit, a bulkhead a decorated
+        function holds was forgotten and a lookup made a second one, so a
+        max_concurrent=1 bulkhead ran 2 calls at once. Now the same name
+        finds the same bulkhead as long as anything holds it."""
+        monkeypatch.setattr(BULKHEADS, "limit", 2)
+        one = bulkhead("one", max_concurrent=1, max_wait=0)
+        inside: list[int] = []
+
+        @one
+        def call() -> None:
+            for i in range(5):  # push "one" out of the registry's keep
+                bulkhead(f"other{i}")
+            gc.collect()
+            assert "one" not in BULKHEADS.kept()
+            inside.append(1)
+            with pytest.raises(BulkheadFull):
+                bulkhead("one").acquire_nowait()
+
+        del one
+        call()
+        assert inside == [1]
+
+    def test_held_permit_keeps_its_bulkhead(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A bulkhead nothing references but a held permit is still the
+        one its name finds: its slot stays taken."""
+        monkeypatch.setattr(BULKHEADS, "limit", 2)
+        permit = bulkhead("one", max_concurrent=1, max_wait=0).acquire()
+        for i in range(5):
+            bulkhead(f"other{i}")
+        gc.collect()
+        with pytest.raises(BulkheadFull):
+            bulkhead("one").acquire_nowait()
+        permit.release()
+        bulkhead("one").acquire_nowait().release()
+
+    def test_unheld_bulkheads_are_forgotten(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Past the limit, bulkheads nobody holds are forgotten."""
         monkeypatch.setattr(BULKHEADS, "limit", 3)
-        busy = bulkhead("busy")
-        permit = busy.acquire()
         for i in range(10):
             bulkhead(f"idle{i}")
+        gc.collect()
         assert len(BULKHEADS) == 3
-        assert get_bulkhead("busy") is busy
-        assert {b.name for b in BULKHEADS.items()} >= {"busy", "idle9"}
-        permit.release()
+        assert set(BULKHEADS.names()) == {"idle7", "idle8", "idle9"}
 
-    def test_lowered_limit_forgets_several(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """A lowered limit forgets as many idle bulkheads as it must."""
-        for i in range(5):
-            bulkhead(f"b{i}")
-        monkeypatch.setattr(BULKHEADS, "limit", 2)
-        bulkhead("last")
-        assert [b.name for b in BULKHEADS.items()] == ["b4", "last"]
+    def test_lookup_without_config_then_configured(self) -> None:
+        """Looking at a bulkhead (statistics) does not fix its
+        configuration: the first explicit one is taken while unused."""
+        assert bulkhead("db").statistics().max_concurrent == 25
+        bh = bulkhead("db", max_concurrent=2)
+        assert bh.statistics().max_concurrent == 2
+        with bh:
+            pass
+        with pytest.raises(ConfigError, match=r"max_concurrent: 2 != 3"):
+            bulkhead("db", max_concurrent=3)
 
-    def test_bounded_keeps_all_when_all_busy(
-        self, monkeypatch: pytest.MonkeyPatch
-    ) -> None:
-        """When every bulkhead is busy, none is forgotten."""
-        monkeypatch.setattr(BULKHEADS, "limit", 2)
-        permits = [bulkhead(f"b{i}").acquire() for i in range(4)]
-        assert len(BULKHEADS) == 4
-        for p in permits:
-            p.release()
+    def test_used_provisional_bulkhead_conflicts(self) -> None:
+        """A default-made bulkhead that has been used keeps its
+        configuration: a later different one is refused."""
+        bh = bulkhead("db")
+        bh.acquire_nowait().release()
+        with pytest.raises(ConfigError, match=r"max_concurrent: 25 != 2"):
+            bulkhead("db", max_concurrent=2)
+
+    def test_reset_keeps_held_slots(self) -> None:
+        """reset_registries() zeroes a bulkhead's counts in place but keeps
+        the slots held then: old holders plus new callers never exceed
+        max_concurrent."""
+        bh = bulkhead("db", max_concurrent=1, max_wait=0)
+        held = bh.acquire()
+        resilient.testing.reset_registries()
+        s = bh.statistics()
+        assert (s.in_use, s.acquired, s.released) == (1, 1, 0)
+        with pytest.raises(BulkheadFull):
+            bh.acquire_nowait()
+        held.release()
+        bh.acquire_nowait().release()
+        invariants(bh.statistics())
+        assert bulkhead("db") is not bh  # the name starts afresh
 
 
 class TestConfig:
@@ -1012,42 +1133,43 @@ class MachineModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.n = 2
-        self.m = BulkheadMachine(
+        self.bh = Bulkhead(
             "model", BulkheadConfig(max_concurrent=self.n, max_waiting=3)
         )
+        self.m = self.bh._machine
         self.now = 0.0
         self.held: list[BulkheadPermit] = []
-        self.queue: list[Any] = []  # waiters in the order they queued
-        self.granted: list[Any] = []  # granted, not yet settled
-        self.woken: list[Any] = []
+        self.queue: list[BulkheadPermit] = []  # in the order they queued
+        self.granted: list[BulkheadPermit] = []  # granted, not yet settled
+        self.woken: list[BulkheadPermit] = []
 
     def _in_use(self) -> int:
         return len(self.held) + len(self.granted)
 
     @rule()
-    def try_acquire(self) -> None:
+    def take(self) -> None:
         free = self._in_use() < self.n and not self.queue
-        assert self.m.try_acquire() is free
+        p = BulkheadPermit(self.bh)
+        assert self.m.take(p) is free
         if free:
-            self.held.append(BulkheadPermit(self.m))
+            self.held.append(p)
 
     @rule(seconds=st.sampled_from([0.0, 1.0, 5.0]))
     def enqueue(self, seconds: float) -> None:
-        box: list[Any] = []
+        p = BulkheadPermit(self.bh)
         out = self.m.enqueue(
-            self.now, seconds, "timeout", lambda: self.woken.append(box[0])
+            p, self.now, seconds, "timeout", lambda: self.woken.append(p)
         )
         if self._in_use() < self.n and not self.queue:
             assert out is None
-            self.held.append(BulkheadPermit(self.m))
+            self.held.append(p)
         elif seconds <= 0:
             assert out == "full"
         elif len(self.queue) >= 3:
             assert out == "queue_full"
         else:
-            assert not isinstance(out, str | None)
-            box.append(out)
-            self.queue.append(out)
+            assert out is None
+            self.queue.append(p)
 
     def _hand_on(self) -> None:
         if self.queue:
@@ -1083,8 +1205,8 @@ class MachineModel(RuleBasedStateMachine):
         if waiter in self.granted:
             assert out is True
             self.granted.remove(waiter)
-            self.held.append(BulkheadPermit(self.m))
-        elif self.now >= waiter.deadline:
+            self.held.append(waiter)
+        elif self.now >= waiter._deadline:
             assert out == "timeout"
             self.queue.remove(waiter)
         else:
@@ -1102,22 +1224,6 @@ MachineModel.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None
 )
 TestMachineModel = MachineModel.TestCase
-
-
-def test_wait_slice_never_negative() -> None:
-    """
-    A waiter whose deadline passed between two clock readings is asked to
-    block for 0 s, never a negative time (which a lock refuses with
-    ValueError: found by the stress test under coverage's slowdown).
-    """
-    from resilient._bulkhead import _slice, _Waiter
-
-    waiter = _Waiter(lambda: None, since=0.0, deadline=1.0, reason="timeout")
-    assert _slice(waiter, 1.5, exact=True) == 0.0
-    assert _slice(waiter, 0.25, exact=True) == 0.75
-    assert _slice(waiter, 5.0, exact=False) > 0
-    forever = _Waiter(lambda: None, 0.0, math.inf, "timeout")
-    assert _slice(forever, 3.0, exact=True) == math.inf
 
 
 def test_cancelled_scope_wakes_a_waiting_thread() -> None:

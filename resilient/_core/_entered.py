@@ -138,3 +138,18 @@ class PerWith(Generic[O, I]):
         item = self._make(owner)
         _HANDOFF.item = item
         return self._exit_of(item)
+
+
+def discard(owner: object, item: object) -> None:
+    """Remove *item* from the stack if *owner* pushed it (any depth)."""
+    top = _STACK.get()
+    kept: list[tuple[object, object]] = []
+    while top is not None:
+        who, it, rest = top
+        if who is owner and it is item:
+            for entry in reversed(kept):
+                rest = (*entry, rest)
+            _STACK.set(rest)
+            return
+        kept.append((who, it))
+        top = rest
