@@ -24,8 +24,10 @@ taken until after it is given back, and every step on it is recoverable:
   any point hands its turn on.
 - A permit dropped while it holds its slot (an exception between the grant
   and the caller's ``try``, or at the first line of the exit method) gives
-  the slot back when it is freed (``__del__``, which never blocks on the
-  lock: it leaves an orphan that the next locked step collects).
+  the slot back once it is freed: the machine knows its held permits by
+  weak reference, and the next queueing, waiter's re-check or
+  `BulkheadMachine.statistics` finds the dead one. No finalizer runs Python
+  code, so none can swallow an asynchronous exception.
 - ``with bulkhead:`` keeps its permit in per-``with`` state
   (`resilient._core._entered.PerWith`), not in a context variable, so a
   block cut short anywhere drops its permit with it.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
+import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -156,6 +159,7 @@ class BulkheadPermit:
     """
 
     __slots__ = (
+        "__weakref__",
         "_bulkhead",
         "_deadline",
         "_reason",
@@ -212,10 +216,6 @@ class BulkheadPermit:
         """The exit of the ``async with bulkhead:`` block (never awaits)."""
         self._exit_block()
 
-    def __del__(self) -> None:
-        if self._state == _HELD:
-            self._bulkhead._machine.orphan()  # noqa: SLF001
-
     def __repr__(self) -> str:
         state = ("pending", "waiting", "held", "released")[self._state]
         return f"<BulkheadPermit of {self._bulkhead.name!r}, {state}>"
@@ -229,16 +229,22 @@ class BulkheadMachine:
     Every method takes the lock for a few attribute updates and never
     blocks; time comes in as arguments. Shared by threads and tasks alike.
 
+    Each held permit is in `_holders` (as a weak reference) from the step
+    that grants it to the step that releases it, so a permit freed while
+    held shows up as a dead reference: `_sweep` gives its slot back. No
+    finalizer runs Python code (one would swallow an asynchronous exception
+    that landed in it, and could not take the lock safely).
+
     Args:
         name: The bulkhead's name.
         config: Its configuration.
     """
 
     __slots__ = (
+        "_holders",
         "_limit",
         "_lock",
         "_max_waiting",
-        "_orphans",
         "_waiters",
         "acquired",
         "cancelled",
@@ -254,8 +260,7 @@ class BulkheadMachine:
         self.name = name
         self._lock = threading.Lock()
         self._waiters: collections.deque[BulkheadPermit] = collections.deque()
-        # Slots of permits freed while holding them, to give back.
-        self._orphans: collections.deque[None] = collections.deque()
+        self._holders: set[weakref.ref[BulkheadPermit]] = set()
         self.configure(config)
         self.in_use = 0
         self.acquired = 0
@@ -270,13 +275,20 @@ class BulkheadMachine:
         self._limit = config.max_concurrent
         self._max_waiting = config.max_waiting
 
+    # Every grant below is written the same way: the weak reference is made
+    # first (a call), then the state and the counts are stored with no call
+    # in between, then the reference is added (a call, after which the
+    # state is consistent again).
+
     def take(self, permit: BulkheadPermit) -> bool:
         """Give *permit* a free slot if there is one and nobody queues."""
         with self._lock:
             if self.in_use < self._limit and not self._waiters:
+                ref = weakref.ref(permit)
                 permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
+                self._holders.add(ref)
                 return True
             return False
 
@@ -302,11 +314,13 @@ class BulkheadMachine:
                 permit is granted a slot; must not block.
         """
         with self._lock:
-            self._collect()
+            self._sweep()
             if self.in_use < self._limit and not self._waiters:
+                ref = weakref.ref(permit)
                 permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
+                self._holders.add(ref)
                 return None
             if seconds <= 0:
                 self.rejected += 1
@@ -330,13 +344,13 @@ class BulkheadMachine:
         time (why; the permit leaves the queue).
         """
         with self._lock:
+            self._sweep()
             state = permit._state  # noqa: SLF001
             if state == _HELD:
                 return True
             if state == _WAITING:
                 if now < permit._deadline:  # noqa: SLF001
-                    self._serve()
-                    return permit._state == _HELD  # noqa: SLF001
+                    return False
                 permit._state = _RELEASED  # noqa: SLF001
                 self.rejected += 1
                 self.timed_out += 1
@@ -352,9 +366,11 @@ class BulkheadMachine:
         with self._lock:
             state = permit._state  # noqa: SLF001
             if state == _HELD:
+                ref = weakref.ref(permit)
                 permit._state = _RELEASED  # noqa: SLF001
                 self.released += 1
                 self.in_use -= 1
+                self._holders.discard(ref)
                 self._serve()
             elif state == _WAITING:
                 permit._state = _RELEASED  # noqa: SLF001
@@ -362,43 +378,40 @@ class BulkheadMachine:
                 self._waiters.remove(permit)
             else:
                 permit._state = _RELEASED  # noqa: SLF001
-            if self._orphans:
-                self._collect()
 
     # ``abandon`` is what a waiter that is cancelled or interrupted does:
     # the same as a release, whatever state it reached.
     abandon = release
 
-    def orphan(self) -> None:
+    def _sweep(self) -> None:
         """
-        A held permit was freed without a release: give its slot back now
-        if the lock is free, else at the next locked step (this runs from
-        ``__del__``, maybe in a thread that holds the lock already).
+        Give back the slots of permits freed while held, and serve the
+        queue (a release an exception cut off before it served). Locked.
         """
-        self._orphans.append(None)
-        if self._lock.acquire(blocking=False):
-            try:
-                self._collect()
-            finally:
-                self._lock.release()
-
-    def _collect(self) -> None:
-        """Give back the slots of freed permits. Locked."""
-        orphans = self._orphans
-        while orphans:
+        holders = self._holders
+        dead = [ref for ref in holders if ref() is None]
+        for ref in dead:
             self.released += 1
             self.in_use -= 1
-            orphans.pop()
+            holders.discard(ref)
         self._serve()
 
     def _serve(self) -> None:
         """Grant free slots to the first waiters, in order. Locked."""
         waiters = self._waiters
-        while waiters and self.in_use < self._limit:
+        while waiters:
             permit = waiters[0]
+            if permit._state != _WAITING:  # noqa: SLF001
+                # A grant cut off before it left the queue, then released.
+                waiters.popleft()
+                continue
+            if self.in_use >= self._limit:
+                return
+            ref = weakref.ref(permit)
             permit._state = _HELD  # noqa: SLF001
             self.in_use += 1
             self.acquired += 1
+            self._holders.add(ref)
             waiters.popleft()
             try:
                 permit._wake()  # noqa: SLF001
@@ -408,6 +421,7 @@ class BulkheadMachine:
                 permit._state = _RELEASED  # noqa: SLF001
                 self.in_use -= 1
                 self.released += 1
+                self._holders.discard(ref)
 
     def reset(self) -> None:
         """
@@ -416,7 +430,7 @@ class BulkheadMachine:
         lets more than ``max_concurrent`` calls in, old holders included.
         """
         with self._lock:
-            self._collect()
+            self._sweep()
             self.acquired = self.in_use
             self.released = 0
             self.rejected = 0
@@ -430,8 +444,7 @@ class BulkheadMachine:
     def statistics(self) -> BulkheadStatistics:
         """A consistent snapshot of the counts."""
         with self._lock:
-            if self._orphans:
-                self._collect()
+            self._sweep()
             return BulkheadStatistics(
                 name=self.name,
                 max_concurrent=self._limit,
