@@ -27,7 +27,10 @@ taken until after it is given back, and every step on it is recoverable:
   the slot back once it is freed: the machine knows its held permits by
   weak reference, and the next queueing, waiter's re-check or
   `BulkheadMachine.statistics` finds the dead one. No finalizer runs Python
-  code, so none can swallow an asynchronous exception.
+  code, so none can swallow an asynchronous exception. A permit is freed
+  at once by reference counting, or at the next pass of the cyclic
+  collector when the exception's traceback sits in a reference cycle; until
+  then its slot counts as held.
 - ``with bulkhead:`` keeps its permit in per-``with`` state
   (`resilient._core._entered.PerWith`), not in a context variable, so a
   block cut short anywhere drops its permit with it.
@@ -552,8 +555,14 @@ class Bulkhead:
                 loop (use `aacquire`).
         """
         permit = BulkheadPermit(self)
-        if not self._machine.take(permit):
-            self._wait(permit, timeout)
+        try:
+            if not self._machine.take(permit):
+                self._wait(permit, timeout)
+        except BaseException:
+            # An exception just after the grant: give the slot back now,
+            # not when the permit is freed.
+            self._machine.release(permit)
+            raise
         return permit
 
     async def aacquire(
@@ -575,8 +584,12 @@ class Bulkhead:
         .. versionadded:: 26.12.0
         """
         permit = BulkheadPermit(self)
-        if not self._machine.take(permit):
-            await self._await(permit, timeout)
+        try:
+            if not self._machine.take(permit):
+                await self._await(permit, timeout)
+        except BaseException:
+            self._machine.release(permit)
+            raise
         return permit
 
     acquire_async = aacquire
@@ -694,8 +707,12 @@ class Bulkhead:
         permit = _entered.take_handed()
         if permit is None or permit._bulkhead is not self:  # noqa: SLF001
             return self._enter_stacked()
-        if not self._machine.take(permit):
-            self._wait(permit, None)
+        try:
+            if not self._machine.take(permit):
+                self._wait(permit, None)
+        except BaseException:
+            self._machine.release(permit)
+            raise
         return permit  # type: ignore[no-any-return]
 
     # The ``with`` statement looks ``__exit__`` up before it calls
@@ -708,8 +725,12 @@ class Bulkhead:
         permit = _entered.take_handed()
         if permit is None or permit._bulkhead is not self:  # noqa: SLF001
             return await self._aenter_stacked()
-        if not self._machine.take(permit):
-            await self._await(permit, None)
+        try:
+            if not self._machine.take(permit):
+                await self._await(permit, None)
+        except BaseException:
+            self._machine.release(permit)
+            raise
         return permit  # type: ignore[no-any-return]
 
     __aexit__ = _entered.PerWith(BulkheadPermit, _aexit_of, _class_aexit)

@@ -15,13 +15,17 @@ few real milliseconds, so a test advances the clock and the waiter notices.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime as dt
 import gc
+import os
 import random
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -1260,3 +1264,139 @@ def test_cancelled_scope_wakes_a_waiting_thread() -> None:
     stats = bh.statistics()
     assert (stats.waiting, stats.in_use, stats.cancelled) == (0, 1, 1)
     held.release()
+
+
+class TestSyncWaitInAnEventLoop:
+    async def test_sync_wait_in_a_loop_thread_is_refused(
+        self, anyio_backend: str
+    ) -> None:
+        """Regression: a sync ``with bulkhead`` in async code while a task
+        holds the slot deadlocked (max_wait=None: the holder can never run
+        to release it). Now the blocking wait raises RuntimeError naming the
+        async form; nothing is left queued."""
+        bh = bulkhead("loop", max_concurrent=1, max_wait=None)
+        async with bh:
+            with (
+                pytest.raises(RuntimeError, match="async with bulkhead"),
+                bh,
+            ):
+                pass  # pragma: no cover - never entered
+            with pytest.raises(RuntimeError, match="aacquire"):
+                bh.acquire()
+        s = bh.statistics()
+        assert (s.in_use, s.waiting, s.acquired, s.released) == (0, 0, 1, 1)
+
+    async def test_non_blocking_forms_still_work_in_a_loop(
+        self, anyio_backend: str
+    ) -> None:
+        """A free slot is taken by the sync forms even in an event loop's
+        thread, and acquire_nowait or max_wait=0 refuse without waiting."""
+        bh = bulkhead("loop", max_concurrent=1, max_wait=0)
+        with bh:
+            with pytest.raises(BulkheadFull):
+                bh.acquire_nowait()
+            with pytest.raises(BulkheadFull):
+                bh.acquire()
+        bh.acquire().release()
+
+
+def test_huge_timeout_is_no_limit(clock: Any) -> None:
+    """acquire(timeout=10**400) waits without limit instead of raising
+    OverflowError; 0 refuses at once."""
+    bh = bulkhead("db", max_concurrent=1)
+    with bh:
+        with pytest.raises(BulkheadFull, match="full"):
+            bh.acquire(timeout=0)
+        fut: Future[BulkheadPermit] = Future()
+        t = threading.Thread(
+            target=lambda: fut.set_result(bh.acquire(timeout=10**400))
+        )
+        t.start()
+        queued(bh, 1)
+    t.join(10)
+    fut.result().release()
+
+
+def test_exit_stack_and_nesting(clock: Any) -> None:
+    """contextlib.ExitStack (which calls the class's methods) and nested
+    blocks of one bulkhead each hold and give back their own slot."""
+    bh = bulkhead("db", max_concurrent=3)
+    with contextlib.ExitStack() as stack:
+        p = stack.enter_context(bh)
+        with bh as inner, bh:
+            assert bh.statistics().in_use == 3
+            assert inner is not p
+        assert bh.statistics().in_use == 1
+    assert bh.statistics().in_use == 0
+
+
+async def test_async_exit_stack(anyio_backend: str) -> None:
+    """contextlib.AsyncExitStack works as async with does."""
+    bh = bulkhead("db", max_concurrent=1)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(bh)
+        assert bh.statistics().in_use == 1
+    assert bh.statistics().in_use == 0
+
+
+def test_with_leaves_no_context_variable_per_name() -> None:
+    """Regression: each bulkhead name used with ``with`` left a ContextVar
+    key in the context forever. Now the context does not grow."""
+    before = len(contextvars.copy_context())
+    for i in range(200):
+        with bulkhead(f"n{i}"):
+            pass
+    assert len(contextvars.copy_context()) <= before + 1
+
+
+def _rss() -> int:
+    """This process's resident memory in bytes (Linux)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf(
+        "SC_PAGE_SIZE"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="Linux")
+def test_a_million_names_through_every_form() -> None:
+    """Distinct names through bulkhead(name), with, async with, the
+    decorator and retry_budget(name) (100,000 in the suite; 1,000,000 with
+    RESILIENT_MILLION_NAMES=1): retained memory stays under 50 MB and the
+    registries keep only their limit. Prints the time per lookup of a new
+    name after 1,000 names and at the end (no assertion on it)."""
+    gc.collect()
+    base = _rss()
+
+    @bulkhead("decorated")
+    def call() -> None:
+        pass
+
+    async def enter_async(names: range) -> None:
+        for i in names:
+            async with bulkhead(f"a{i}"):
+                pass
+
+    def lookups(names: range, prefix: str) -> float:
+        start = time.perf_counter()
+        for i in names:
+            bulkhead(f"{prefix}{i}")
+        return (time.perf_counter() - start) / len(names)
+
+    early = lookups(range(1_000), "early")
+    n = 200_000 if os.environ.get("RESILIENT_MILLION_NAMES") else 20_000
+    for i in range(n):
+        with bulkhead(f"w{i}"):
+            pass
+        resilient.retry_budget(f"r{i}")
+        bulkhead(f"d{i}")(call)
+    anyio.run(enter_async, range(n))
+    lookups(range(n), "late")
+    late = lookups(range(1_000), "last")
+    gc.collect()
+    grown = _rss() - base
+    print(  # noqa: T201 - the figure the issue asks to record
+        f"\nper new-name lookup: {early * 1e6:.2f} us at 1,000 names, "
+        f"{late * 1e6:.2f} us at {5 * n + 2_000:,}; "
+        f"retained {grown / 2**20:.1f} MB"
+    )
+    assert len(BULKHEADS) <= BULKHEADS.limit + 1
+    assert grown < 50 * 2**20
