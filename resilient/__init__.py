@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+from resilient._backends import ReleaseResult
 from resilient._breaker import (
     BreakerPermit,
     BreakerState,
@@ -50,6 +51,13 @@ from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
+from resilient._core._transient import (
+    DependencyFailure,
+    Transient,
+    http_status,
+)
+from resilient._fence import fence_guard, fenced_update
+from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
@@ -70,6 +78,8 @@ from resilient.exceptions import (
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
+    LockLost,
+    LockNotAcquired,
     ResilientError,
     ScopeCancelled,
     TimedOut,
@@ -98,11 +108,18 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "DecorrelatedJitter",
+    "DependencyFailure",
     "EqualJitter",
     "Exponential",
     "FullJitter",
+    "Lease",
+    "Lock",
+    "LockConfig",
+    "LockLost",
+    "LockNotAcquired",
     "MonotonicClock",
     "Policy",
+    "ReleaseResult",
     "ResilientError",
     "RetryBudget",
     "RetryBudgetConfig",
@@ -114,6 +131,7 @@ __all__ = [
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
+    "Transient",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -122,6 +140,10 @@ __all__ = [
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
+    "fence_guard",
+    "fenced_update",
+    "http_status",
+    "lock",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
