@@ -962,15 +962,15 @@ class TestRegistry:
 
         @one
         def call() -> None:
-            for i in range(5):  # push "one" out of the registry's keep
-                bulkhead(f"other{i}")
-            gc.collect()
-            assert "one" not in BULKHEADS.kept()
             inside.append(1)
             with pytest.raises(BulkheadFull):
                 bulkhead("one").acquire_nowait()
 
         del one
+        for i in range(5):  # push the idle "one" out of the registry's keep
+            bulkhead(f"other{i}")
+        gc.collect()
+        assert "one" not in BULKHEADS.kept()
         call()
         assert inside == [1]
 

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import random
 import sys
+from collections.abc import Iterator
 
 import anyio
 import anyio.lowlevel
@@ -26,6 +27,23 @@ from tests.storm import interrupt_storm, storm
 pytestmark = pytest.mark.skipif(
     sys.implementation.name != "cpython", reason="PyThreadState_SetAsyncExc"
 )
+
+
+@pytest.fixture(autouse=True)
+def _no_foreign_finalizers() -> Iterator[None]:
+    """
+    Collect other tests' garbage first and keep the cyclic collector off
+    during the storm: a finalizer of some leftover object that the
+    collector happened to run mid-storm would swallow the exception that
+    lands in it (an unraisable error that has nothing to do with the
+    bulkhead). Permits in reference cycles are collected afterwards.
+    """
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def settled(bh: Bulkhead) -> BulkheadStatistics:
