@@ -2,54 +2,80 @@
 Bulkhead: bounded concurrency per dependency, with a bounded wait queue and
 a maximum wait.
 
-`BulkheadMachine` holds the slots and the FIFO queue of waiters behind a short
-`threading.Lock` and decides: admit, queue, reject. It never blocks. The two
-shells (`Bulkhead.acquire` for threads, `Bulkhead.acquire_async` for tasks)
-only wait: on a `threading.Event`, or on an `anyio.Event` that a releaser in
-another thread sets through the waiter's event loop. Threads and tasks share
-the same slots.
+`BulkheadMachine` holds the slots and the FIFO queue of waiting permits
+behind a short `threading.Lock` and decides: admit, queue, reject. It never
+blocks. The shells of `Bulkhead` only wait (`resilient._wait`): a thread on
+a `ThreadWaiter`, a task on a `TaskWaiter` that a releaser in another thread
+wakes through the task's event loop. Threads and tasks share the same slots.
 
 A freed slot goes straight to the first waiter (it never becomes free in
-between, so a newcomer cannot overtake the queue). A waiter that is cancelled
-or interrupted after its grant but before it woke up passes the slot on to
-the next waiter, or frees it: a permit is never lost.
+between, so a newcomer cannot overtake the queue).
+
+**Asynchronous exceptions.** A permit is one object from before its slot is
+taken until after it is given back, and every step on it is recoverable:
+
+- The permit exists before the slot: the machine marks it held in the same
+  locked step that takes the slot (or grants it to the queued permit), so
+  there is never a slot without a permit that knows it holds it.
+- `BulkheadPermit.release` is idempotent and handles every state: held
+  (the slot passes on), queued (it leaves the queue), granted but not yet
+  woken (the slot passes on), never taken (nothing to do). The waits call
+  it from ``except BaseException``, so a waiter cancelled or interrupted at
+  any point hands its turn on.
+- A permit dropped while it holds its slot (an exception between the grant
+  and the caller's ``try``, or at the first line of the exit method) gives
+  the slot back once it is freed: the machine knows its held permits by
+  weak reference, and the next queueing, waiter's re-check or
+  `BulkheadMachine.statistics` finds the dead one. No finalizer runs Python
+  code, so none can swallow an asynchronous exception. A permit is freed
+  at once by reference counting, or at the next pass of the cyclic
+  collector when the exception's traceback sits in a reference cycle; until
+  then its slot counts as held.
+- ``with bulkhead:`` keeps its permit in per-``with`` state
+  (`resilient._core._entered.PerWith`), not in a context variable, so a
+  block cut short anywhere drops its permit with it.
+- Inside the lock, each state change is written so that CPython's
+  eval-breaker checks (where asynchronous exceptions land: after a call
+  returns, at a function's first line, on a backward jump) see a
+  consistent state: the permit's state and the counters are stored with no
+  call in between, and the queue is popped or appended after them. A grant
+  whose wake-up an exception cut off is found by the waiter's own re-check
+  (`RECHECK`).
+
+Every step is tested by an interrupt storm (``tests/test_bulkhead_storm.py``).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import contextvars
 import math
 import threading
+import weakref
 from typing import (
     TYPE_CHECKING,
     Any,
     Final,
-    Generic,
     Literal,
     ParamSpec,
-    Protocol,
     TypeVar,
     Unpack,
     cast,
     final,
 )
 
-import anyio
-import anyio.lowlevel
 import attrs
 from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
 
-from resilient._core import _clock
+from resilient._core import _clock, _entered
 from resilient._core._clock import MonotonicClock
 from resilient._core._config_bulkhead import BulkheadConfig, BulkheadKnobs
 from resilient._core._decorate import decorate
+from resilient._core._loops import refuse_blocking
+from resilient._core._registry import Registry
 from resilient._core._telemetry import instruments
-from resilient._core._validate import check_name
-from resilient._core._validate import same_config as _same
 from resilient._timeout import check_scope, wake_on_cancel
+from resilient._wait import TaskWaiter, ThreadWaiter, wait_slice
 from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
 
 
@@ -69,23 +95,19 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 T = TypeVar("T")
 
-
-class _Configured(Protocol):
-    @property
-    def config(self) -> Any: ...
-
-
-_Item = TypeVar("_Item", bound=_Configured)
-_Config = TypeVar("_Config")
-
 RejectReason = Literal["full", "queue_full", "timeout", "deadline"]
 
-# How often a waiter re-reads a clock it cannot wait on exactly (a
-# FakeClock in tests), in real seconds.
-POLL_INTERVAL: Final = 0.005
+RECHECK: Final = 1.0
+"""Longest a waiter blocks, in real seconds, before it looks at its permit
+again even if nobody woke it (a grant whose wake-up an asynchronous
+exception cut off is found this way)."""
 
-# Bulkheads kept by name before idle ones are forgotten.
-REGISTRY_LIMIT: Final = 1024
+# The states of a permit; changed only under the machine's lock (a permit
+# nobody else can reach is read without it).
+_PENDING: Final = 0  # made, no slot taken yet
+_WAITING: Final = 1  # in the queue
+_HELD: Final = 2  # holds a slot (taken, or granted while queued)
+_RELEASED: Final = 3  # gave it back, or never got one
 
 
 @final
@@ -124,33 +146,6 @@ class BulkheadStatistics:
     cancelled: int
 
 
-_Held = tuple["BulkheadPermit", "_Held"] | None
-
-_WAITING: Final = 0
-_GRANTED: Final = 1
-_GONE: Final = 2
-
-
-@final
-class _Waiter:
-    """One queued caller: its wake-up callback and when it stops waiting."""
-
-    __slots__ = ("deadline", "reason", "since", "state", "wake")
-
-    def __init__(
-        self,
-        wake: Callable[[], object],
-        since: float,
-        deadline: float,
-        reason: RejectReason,
-    ) -> None:
-        self.wake = wake
-        self.since = since
-        self.deadline = deadline
-        self.reason = reason
-        self.state = _WAITING
-
-
 @final
 class BulkheadPermit:
     """
@@ -160,24 +155,46 @@ class BulkheadPermit:
 
         with bulkhead.acquire():
             ...
+
+    A permit dropped without `release` gives its slot back when it is
+    freed, like a file that is closed when collected; do not rely on it
+    (release it, or use ``with``), but no exception can leak a slot.
     """
 
-    __slots__ = ("_machine", "_released")
+    __slots__ = (
+        "__weakref__",
+        "_bulkhead",
+        "_deadline",
+        "_reason",
+        "_since",
+        "_state",
+        "_wake",
+    )
 
-    def __init__(self, machine: BulkheadMachine) -> None:
-        self._machine = machine
-        self._released = False
+    _bulkhead: Bulkhead
+    _state: int
+    _wake: Callable[[], object]
+    _since: float
+    _deadline: float
+    _reason: RejectReason
+
+    def __init__(self, bulkhead: Bulkhead) -> None:
+        # The permit keeps its bulkhead alive, so the registry finds the
+        # same bulkhead by name while any slot of it is held or awaited.
+        self._bulkhead = bulkhead
+        self._state = _PENDING
 
     @property
     def released(self) -> bool:
-        """Whether the slot was given back."""
-        return self._released
+        """Whether the slot was given back (or never taken)."""
+        return self._state == _RELEASED
 
     def release(self) -> None:
         """
-        Give the slot back, to the first waiter if any. Idempotent.
+        Give the slot back, to the first waiter if any. Idempotent; also
+        takes a queued permit out of the queue.
         """
-        self._machine.release(self)
+        self._bulkhead._machine.release(self)  # noqa: SLF001
 
     def __enter__(self) -> BulkheadPermit:
         return self
@@ -188,15 +205,23 @@ class BulkheadPermit:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._machine.release(self)
+        self._bulkhead._machine.release(self)  # noqa: SLF001
+
+    def _exit_block(self, *exc: object) -> None:
+        """The exit of the ``with bulkhead:`` block this permit is for."""
+        if self._state == _PENDING:
+            # Never entered: a direct ``bulkhead.__exit__()`` call.
+            _class_exit(self._bulkhead)
+            return
+        self._bulkhead._machine.release(self)  # noqa: SLF001
+
+    async def _aexit_block(self, *exc: object) -> None:
+        """The exit of the ``async with bulkhead:`` block (never awaits)."""
+        self._exit_block()
 
     def __repr__(self) -> str:
-        state = "released" if self._released else "held"
-        return f"<BulkheadPermit of {self._machine.name!r}, {state}>"
-
-
-# The short name the pipeline uses inside the package.
-Permit = BulkheadPermit
+        state = ("pending", "waiting", "held", "released")[self._state]
+        return f"<BulkheadPermit of {self._bulkhead.name!r}, {state}>"
 
 
 @final
@@ -207,12 +232,19 @@ class BulkheadMachine:
     Every method takes the lock for a few attribute updates and never
     blocks; time comes in as arguments. Shared by threads and tasks alike.
 
+    Each held permit is in `_holders` (as a weak reference) from the step
+    that grants it to the step that releases it, so a permit freed while
+    held shows up as a dead reference: `_sweep` gives its slot back. No
+    finalizer runs Python code (one would swallow an asynchronous exception
+    that landed in it, and could not take the lock safely).
+
     Args:
         name: The bulkhead's name.
         config: Its configuration.
     """
 
     __slots__ = (
+        "_holders",
         "_limit",
         "_lock",
         "_max_waiting",
@@ -229,11 +261,10 @@ class BulkheadMachine:
 
     def __init__(self, name: str, config: BulkheadConfig) -> None:
         self.name = name
-        self.config = config
-        self._limit = config.max_concurrent
-        self._max_waiting = config.max_waiting
         self._lock = threading.Lock()
-        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._waiters: collections.deque[BulkheadPermit] = collections.deque()
+        self._holders: set[weakref.ref[BulkheadPermit]] = set()
+        self.configure(config)
         self.in_use = 0
         self.acquired = 0
         self.released = 0
@@ -241,37 +272,58 @@ class BulkheadMachine:
         self.timed_out = 0
         self.cancelled = 0
 
-    def try_acquire(self) -> bool:
-        """Take a free slot if there is one and nobody queues before us."""
+    def configure(self, config: BulkheadConfig) -> None:
+        """Take *config*'s limits (on a machine that has seen no work)."""
+        self.config = config
+        self._limit = config.max_concurrent
+        self._max_waiting = config.max_waiting
+
+    # Every grant below is written the same way: the weak reference is made
+    # first (a call), then the state and the counts are stored with no call
+    # in between, then the reference is added (a call, after which the
+    # state is consistent again).
+
+    def take(self, permit: BulkheadPermit) -> bool:
+        """Give *permit* a free slot if there is one and nobody queues."""
         with self._lock:
             if self.in_use < self._limit and not self._waiters:
+                ref = weakref.ref(permit)
+                permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
+                self._holders.add(ref)
                 return True
             return False
 
     def enqueue(
         self,
+        permit: BulkheadPermit,
         now: float,
         seconds: float,
         reason: RejectReason,
         wake: Callable[[], object],
-    ) -> _Waiter | RejectReason | None:
+    ) -> RejectReason | None:
         """
-        Take a free slot (None), queue (the `_Waiter`) or refuse (why).
+        Give *permit* a free slot or queue it (None: look at its state), or
+        refuse (why).
 
         Args:
+            permit: A permit that holds nothing yet.
             now: The time on the clock.
             seconds: How long the caller may wait; 0 or less never queues.
             reason: What ends the wait if it runs out: ``"timeout"`` or
                 ``"deadline"``.
             wake: Called, under the lock and from any thread, when the
-                waiter is granted a slot; must not block.
+                permit is granted a slot; must not block.
         """
         with self._lock:
+            self._sweep()
             if self.in_use < self._limit and not self._waiters:
+                ref = weakref.ref(permit)
+                permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
+                self._holders.add(ref)
                 return None
             if seconds <= 0:
                 self.rejected += 1
@@ -279,69 +331,123 @@ class BulkheadMachine:
             if len(self._waiters) >= self._max_waiting:
                 self.rejected += 1
                 return "queue_full"
-            waiter = _Waiter(wake, now, now + seconds, reason)
-            self._waiters.append(waiter)
-            return waiter
+            permit._wake = wake  # noqa: SLF001
+            permit._since = now  # noqa: SLF001
+            permit._deadline = now + seconds  # noqa: SLF001
+            permit._reason = reason  # noqa: SLF001
+            permit._state = _WAITING  # noqa: SLF001
+            self._waiters.append(permit)
+            return None
 
-    def settle(self, waiter: _Waiter, now: float) -> bool | RejectReason:
+    def settle(
+        self, permit: BulkheadPermit, now: float
+    ) -> bool | RejectReason:
         """
         After a wake-up: granted (True), still waiting (False), or out of
-        time (why; the waiter leaves the queue).
+        time (why; the permit leaves the queue).
         """
         with self._lock:
-            if waiter.state == _GRANTED:
+            self._sweep()
+            state = permit._state  # noqa: SLF001
+            if state == _HELD:
                 return True
-            if waiter.state == _WAITING and now >= waiter.deadline:
-                waiter.state = _GONE
-                self._waiters.remove(waiter)
+            if state == _WAITING:
+                if now < permit._deadline:  # noqa: SLF001
+                    return False
+                permit._state = _RELEASED  # noqa: SLF001
                 self.rejected += 1
                 self.timed_out += 1
-                return waiter.reason
+                self._waiters.remove(permit)
+                return permit._reason  # noqa: SLF001
             return False
 
-    def abandon(self, waiter: _Waiter) -> None:
-        """
-        The waiter is cancelled or interrupted: leave the queue, or pass on
-        the slot it was granted but never took.
-        """
-        with self._lock:
-            if waiter.state == _WAITING:
-                self._waiters.remove(waiter)
-                self.cancelled += 1
-            elif waiter.state == _GRANTED:
-                self.released += 1
-                self._free_slot()
-            waiter.state = _GONE
-
     def release(self, permit: BulkheadPermit) -> None:
-        """Give back *permit*'s slot, once."""
+        """
+        Give back *permit*'s slot (to the first waiter), take it out of the
+        queue, or nothing if it holds nothing; idempotent.
+        """
         with self._lock:
-            if permit._released:  # noqa: SLF001
-                return
-            permit._released = True  # noqa: SLF001
-            self.released += 1
-            self._free_slot()
-
-    def _free_slot(self) -> None:
-        """Hand the slot to the first live waiter, or free it. Locked."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            waiter.state = _GRANTED
-            self.acquired += 1
-            try:
-                waiter.wake()
-            except Exception:  # noqa: BLE001
-                # The waiter's event loop is gone; it will never take the
-                # slot, so it goes to the next one.
-                waiter.state = _GONE
+            state = permit._state  # noqa: SLF001
+            if state == _HELD:
+                ref = weakref.ref(permit)
+                permit._state = _RELEASED  # noqa: SLF001
                 self.released += 1
+                self.in_use -= 1
+                self._holders.discard(ref)
+                self._serve()
+            elif state == _WAITING:
+                permit._state = _RELEASED  # noqa: SLF001
+                self.cancelled += 1
+                self._waiters.remove(permit)
             else:
+                permit._state = _RELEASED  # noqa: SLF001
+
+    # ``abandon`` is what a waiter that is cancelled or interrupted does:
+    # the same as a release, whatever state it reached.
+    abandon = release
+
+    def _sweep(self) -> None:
+        """
+        Give back the slots of permits freed while held, and serve the
+        queue (a release an exception cut off before it served). Locked.
+        """
+        holders = self._holders
+        dead = [ref for ref in holders if ref() is None]
+        for ref in dead:
+            self.released += 1
+            self.in_use -= 1
+            holders.discard(ref)
+        self._serve()
+
+    def _serve(self) -> None:
+        """Grant free slots to the first waiters, in order. Locked."""
+        waiters = self._waiters
+        while waiters:
+            permit = waiters[0]
+            if permit._state != _WAITING:  # noqa: SLF001
+                # A grant cut off before it left the queue, then released.
+                waiters.popleft()
+                continue
+            if self.in_use >= self._limit:
                 return
-        self.in_use -= 1
+            ref = weakref.ref(permit)
+            permit._state = _HELD  # noqa: SLF001
+            self.in_use += 1
+            self.acquired += 1
+            self._holders.add(ref)
+            waiters.popleft()
+            try:
+                permit._wake()  # noqa: SLF001
+            except Exception:  # noqa: BLE001
+                # The waiter's event loop is gone: it will never take the
+                # slot, so it goes to the next one.
+                permit._state = _RELEASED  # noqa: SLF001
+                self.in_use -= 1
+                self.released += 1
+                self._holders.discard(ref)
+
+    def reset(self) -> None:
+        """
+        Zero the counts (for `resilient.testing.reset_registries`), keeping
+        the slots that are held and the callers that queue: a reset never
+        lets more than ``max_concurrent`` calls in, old holders included.
+        """
+        with self._lock:
+            self._sweep()
+            self.acquired = self.in_use
+            self.released = 0
+            self.rejected = 0
+            self.timed_out = 0
+            self.cancelled = 0
+
+    def is_idle(self) -> bool:
+        """No slot held and nobody waiting, and no work seen."""
+        return self.acquired == 0 and not self._waiters
 
     def statistics(self) -> BulkheadStatistics:
         """A consistent snapshot of the counts."""
         with self._lock:
+            self._sweep()
             return BulkheadStatistics(
                 name=self.name,
                 max_concurrent=self._limit,
@@ -355,9 +461,29 @@ class BulkheadMachine:
                 cancelled=self.cancelled,
             )
 
-    def is_idle(self) -> bool:
-        """No slot held and nobody waiting: safe to forget."""
-        return self.in_use == 0 and not self._waiters
+
+def _class_exit(bulkhead: Bulkhead, *_exc: object) -> None:
+    """``Bulkhead.__exit__`` called on the class (`contextlib.ExitStack`)."""
+    permit = _entered.pop(bulkhead)
+    if permit is None:
+        raise RuntimeError(
+            f"bulkhead {bulkhead.name!r} exited more often than entered "
+            "in this thread or task"
+        )
+    bulkhead._machine.release(permit)  # noqa: SLF001
+
+
+def _exit_of(permit: BulkheadPermit) -> Callable[..., None]:
+    return permit._exit_block  # noqa: SLF001
+
+
+def _aexit_of(permit: BulkheadPermit) -> Callable[..., Awaitable[None]]:
+    return permit._aexit_block  # noqa: SLF001
+
+
+async def _class_aexit(bulkhead: Bulkhead, *_exc: object) -> None:
+    """``Bulkhead.__aexit__`` called on the class (`AsyncExitStack`)."""
+    _class_exit(bulkhead)
 
 
 @final
@@ -368,9 +494,9 @@ class Bulkhead:
     ``max_wait`` seconds (and never past the enclosing deadline); anyone
     else gets `BulkheadFull` at once.
 
-    Get one with `resilient.bulkhead` (or `get_bulkhead`): one per name in
-    the process. Use it as a decorator, with ``with`` in threads and
-    ``async with`` in tasks, or take permits by hand::
+    Get one with `resilient.bulkhead`: one per name in the process. Use it
+    as a decorator, with ``with`` in threads and ``async with`` in tasks, or
+    take permits by hand::
 
         db = resilient.bulkhead("db", max_concurrent=10)
 
@@ -383,21 +509,25 @@ class Bulkhead:
         with db.acquire(timeout=0.5):
             ...
 
+    A sync wait (``with``, `acquire`, a sync decorated function) in a thread
+    that runs an event loop raises `RuntimeError` instead of blocking the
+    loop (it could deadlock: the task that would free the slot could never
+    run); use the async form there. Taking a free slot never blocks, so
+    `acquire_nowait` and a bulkhead with ``max_wait=0`` work anywhere.
+
     .. versionadded:: 26.11.0
     """
 
-    __slots__ = ("_held", "_machine", "config", "name")
+    __slots__ = ("__weakref__", "_machine", "name")
 
     def __init__(self, name: str, config: BulkheadConfig) -> None:
         self.name = name
-        self.config = config
         self._machine = BulkheadMachine(name, config)
-        # The permits ``with bulkhead:`` holds in this thread or task, as
-        # an immutable stack of (innermost, rest) pairs, so that contexts
-        # copied into new tasks or threads cannot share or corrupt it.
-        self._held: contextvars.ContextVar[_Held] = contextvars.ContextVar(
-            f"resilient_bulkhead_{name}", default=None
-        )
+
+    @property
+    def config(self) -> BulkheadConfig:
+        """The configuration."""
+        return self._machine.config
 
     def acquire_nowait(self) -> BulkheadPermit:
         """
@@ -406,8 +536,9 @@ class Bulkhead:
         Raises:
             BulkheadFull: Every slot is taken (or others already queue).
         """
-        if self._machine.try_acquire():
-            return BulkheadPermit(self._machine)
+        permit = BulkheadPermit(self)
+        if self._machine.take(permit):
+            return permit
         raise self._reject("full", 0.0)
 
     def acquire(self, timeout: float | None = None) -> BulkheadPermit:
@@ -420,34 +551,21 @@ class Bulkhead:
 
         Raises:
             BulkheadFull: No slot came in time, or the queue is full.
+            RuntimeError: It would wait, in a thread that runs an event
+                loop (use `aacquire`).
         """
-        m = self._machine
-        if m.try_acquire():
-            return BulkheadPermit(m)
-        clock = _clock.get_clock()
-        seconds, reason = self._wait_limit(timeout)
-        gate = _new_gate()
-        wake = _opener(gate)
-        waiter = m.enqueue(clock.now(), seconds, reason, wake)
-        if waiter is None:
-            return BulkheadPermit(m)
-        if isinstance(waiter, str):
-            raise self._reject(waiter, 0.0)
-        exact = type(clock) is MonotonicClock
+        permit = BulkheadPermit(self)
         try:
-            # A `resilient.timeout` scope cancelled from another thread
-            # opens the gate too; the waiter then leaves the queue.
-            with wake_on_cancel(wake):
-                while (done := m.settle(waiter, clock.now())) is False:
-                    check_scope()
-                    wait = _slice(waiter, clock.now(), exact=exact)
-                    gate.acquire(True, -1 if wait == math.inf else wait)
+            if not self._machine.take(permit):
+                self._wait(permit, timeout)
         except BaseException:
-            m.abandon(waiter)
+            # An exception just after the grant: give the slot back now,
+            # not when the permit is freed.
+            self._machine.release(permit)
             raise
-        return self._granted(waiter, done, clock.now())
+        return permit
 
-    async def acquire_async(
+    async def aacquire(
         self,
         timeout: float | None = None,  # noqa: ASYNC109 (as in `acquire`)
     ) -> BulkheadPermit:
@@ -462,31 +580,94 @@ class Bulkhead:
 
         Raises:
             BulkheadFull: No slot came in time, or the queue is full.
+
+        .. versionadded:: 26.12.0
         """
-        m = self._machine
-        if m.try_acquire():
-            return BulkheadPermit(m)
+        permit = BulkheadPermit(self)
+        try:
+            if not self._machine.take(permit):
+                await self._await(permit, timeout)
+        except BaseException:
+            self._machine.release(permit)
+            raise
+        return permit
+
+    acquire_async = aacquire
+    """The former name of `aacquire`, kept as an alias."""
+
+    def _queue(
+        self,
+        permit: BulkheadPermit,
+        timeout: float | None,
+        wake: Callable[[], object],
+        *,
+        blocking: bool,
+    ) -> tuple[Any, bool] | None:
+        """
+        The decision both waits share: queue *permit* (the clock to wait on
+        and whether it is the real one), or None when it got a free slot.
+
+        Raises:
+            BulkheadFull: Refused at once (no time to wait, queue full).
+            RuntimeError: A blocking wait in an event loop's thread.
+        """
         clock = _clock.get_clock()
         seconds, reason = self._wait_limit(timeout)
-        event = anyio.Event()
-        waiter = m.enqueue(clock.now(), seconds, reason, _waker(event))
-        if waiter is None:
-            return BulkheadPermit(m)
-        if isinstance(waiter, str):
-            raise self._reject(waiter, 0.0)
-        exact = type(clock) is MonotonicClock
+        if blocking and seconds > 0:
+            refuse_blocking(
+                f"waiting for a slot of bulkhead {self.name!r} in sync code",
+                "`async with bulkhead` or `await bulkhead.aacquire()`",
+            )
+        refusal = self._machine.enqueue(
+            permit, clock.now(), seconds, reason, wake
+        )
+        if refusal is not None:
+            raise self._reject(refusal, 0.0)
+        if permit._state == _HELD:  # noqa: SLF001
+            return None
+        return clock, type(clock) is MonotonicClock
+
+    def _wait(self, permit: BulkheadPermit, timeout: float | None) -> None:
+        """Wait in this thread until *permit* holds a slot, or raise."""
+        m = self._machine
+        waiter = ThreadWaiter()
         try:
-            while (done := m.settle(waiter, clock.now())) is False:
-                wait = _slice(waiter, clock.now(), exact=exact)
-                if wait == math.inf:
-                    await event.wait()
-                else:
-                    with anyio.move_on_after(wait):
-                        await event.wait()
+            queued = self._queue(permit, timeout, waiter.wake, blocking=True)
+            if queued is None:
+                return
+            clock, exact = queued
+            # A `resilient.timeout` scope cancelled from another thread
+            # wakes the waiter too; it then leaves the queue.
+            with wake_on_cancel(waiter.wake):
+                while (done := m.settle(permit, clock.now())) is False:
+                    check_scope()
+                    end = permit._deadline  # noqa: SLF001
+                    left = wait_slice(end, clock.now(), exact=exact)
+                    waiter.wait(min(left, RECHECK))
+            self._granted(permit, done, clock.now())
         except BaseException:
-            m.abandon(waiter)
+            m.release(permit)
             raise
-        return self._granted(waiter, done, clock.now())
+
+    async def _await(
+        self, permit: BulkheadPermit, limit: float | None
+    ) -> None:
+        """Wait in this task until *permit* holds a slot, or raise."""
+        m = self._machine
+        try:
+            waiter = TaskWaiter()
+            queued = self._queue(permit, limit, waiter.wake, blocking=False)
+            if queued is None:
+                return
+            clock, exact = queued
+            while (done := m.settle(permit, clock.now())) is False:
+                end = permit._deadline  # noqa: SLF001
+                left = wait_slice(end, clock.now(), exact=exact)
+                await waiter.wait(min(left, RECHECK))
+            self._granted(permit, done, clock.now())
+        except BaseException:
+            m.release(permit)
+            raise
 
     def statistics(self) -> BulkheadStatistics:
         """A consistent snapshot: slots in use, waiters, and the counts."""
@@ -501,57 +682,85 @@ class Bulkhead:
     def _sync_shell(
         self, fn: Callable[..., Any], args: Any, kwargs: Any
     ) -> Any:
-        with self.acquire():
+        m = self._machine
+        permit = BulkheadPermit(self)
+        try:
+            if not m.take(permit):
+                self._wait(permit, None)
             return fn(*args, **kwargs)
+        finally:
+            m.release(permit)
 
     async def _async_shell(
         self, fn: Callable[..., Awaitable[Any]], args: Any, kwargs: Any
     ) -> Any:
-        with await self.acquire_async():
+        m = self._machine
+        permit = BulkheadPermit(self)
+        try:
+            if not m.take(permit):
+                await self._await(permit, None)
             return await fn(*args, **kwargs)
+        finally:
+            m.release(permit)
 
     def __enter__(self) -> BulkheadPermit:
-        m = self._machine
-        permit = BulkheadPermit(m) if m.try_acquire() else self.acquire()
-        self._held.set((permit, self._held.get()))
-        return permit
+        permit = _entered.take_handed()
+        if permit is None or permit._bulkhead is not self:  # noqa: SLF001
+            return self._enter_stacked()
+        try:
+            if not self._machine.take(permit):
+                self._wait(permit, None)
+        except BaseException:
+            self._machine.release(permit)
+            raise
+        return permit  # type: ignore[no-any-return]
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._machine.release(self._pop_held())
+    # The ``with`` statement looks ``__exit__`` up before it calls
+    # ``__enter__``: the lookup makes this block's permit and hands it to
+    # ``__enter__``; the statement holds the permit's exit until the block
+    # is over, so a block cut short anywhere drops the permit with it.
+    __exit__ = _entered.PerWith(BulkheadPermit, _exit_of, _class_exit)
 
     async def __aenter__(self) -> BulkheadPermit:
-        permit = await self.acquire_async()
-        self._held.set((permit, self._held.get()))
+        permit = _entered.take_handed()
+        if permit is None or permit._bulkhead is not self:  # noqa: SLF001
+            return await self._aenter_stacked()
+        try:
+            if not self._machine.take(permit):
+                await self._await(permit, None)
+        except BaseException:
+            self._machine.release(permit)
+            raise
+        return permit  # type: ignore[no-any-return]
+
+    __aexit__ = _entered.PerWith(BulkheadPermit, _aexit_of, _class_aexit)
+
+    def _enter_stacked(self) -> BulkheadPermit:
+        """``__enter__`` called on the class: keep the permit on a stack."""
+        permit = self.acquire()
+        try:
+            _entered.push(self, permit)
+        except BaseException:
+            _entered.discard(self, permit)
+            permit.release()
+            raise
         return permit
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._machine.release(self._pop_held())
-
-    def _pop_held(self) -> BulkheadPermit:
-        held = self._held.get()
-        if held is None:
-            raise RuntimeError(
-                f"bulkhead {self.name!r} exited more often than entered "
-                "in this thread or task"
-            )
-        permit, rest = held
-        self._held.set(rest)
+    async def _aenter_stacked(self) -> BulkheadPermit:
+        """``__aenter__`` called on the class (`AsyncExitStack`)."""
+        permit = await self.aacquire()
+        try:
+            _entered.push(self, permit)
+        except BaseException:
+            _entered.discard(self, permit)
+            permit.release()
+            raise
         return permit
 
     def _wait_limit(self, timeout: float | None) -> tuple[float, RejectReason]:
         """Seconds a caller may wait, and what ends the wait."""
         if timeout is None:
-            wait = self.config.max_wait
+            wait = self._machine.config.max_wait
             wait = math.inf if wait is None else wait
         else:
             wait = _check_timeout(timeout)
@@ -561,16 +770,15 @@ class Bulkhead:
         return wait, "timeout"
 
     def _granted(
-        self, waiter: _Waiter, done: bool | RejectReason, now: float
-    ) -> BulkheadPermit:
-        """Turn `settle`'s answer into a permit, or refuse."""
-        waited = max(0.0, now - waiter.since)
+        self, permit: BulkheadPermit, done: bool | RejectReason, now: float
+    ) -> None:
+        """Record the wait; raise if `settle` said it ran out."""
+        waited = max(0.0, now - permit._since)  # noqa: SLF001
         metrics = _metrics()
         if metrics is not None:
             metrics.wait.record(waited, {"resilient.bulkhead": self.name})
-        if done is True:
-            return BulkheadPermit(self._machine)
-        raise self._reject(cast("RejectReason", done), waited)
+        if done is not True:
+            raise self._reject(cast("RejectReason", done), waited)
 
     def _reject(self, reason: RejectReason, waited: float) -> BulkheadFull:
         """The error to raise, recorded as a metric and a span event."""
@@ -585,7 +793,7 @@ class Bulkhead:
                 {**labels, "resilient.waited": waited},
             )
         return BulkheadFull(
-            self.name, reason, self.config.max_concurrent, waited
+            self.name, reason, self._machine.config.max_concurrent, waited
         )
 
     def __repr__(self) -> str:
@@ -596,159 +804,23 @@ class Bulkhead:
         )
 
 
-def _slice(waiter: _Waiter, now: float, *, exact: bool) -> float:
-    """
-    How long to block before looking again: until the waiter's deadline on
-    the real clock (at most what a lock wait accepts); a short poll on any
-    other clock, whose time moves without telling us.
-    """
-    if not exact:
-        return POLL_INTERVAL
-    left = waiter.deadline - now
-    if left == math.inf:
-        return left
-    # The clock moves between the caller's reading and ours: never ask a
-    # lock for a negative wait (it raises ValueError).
-    return max(0.0, min(left, threading.TIMEOUT_MAX))
-
-
-def _opener(gate: threading.Lock) -> Callable[[], None]:
-    """Open *gate* at most once, whoever asks first (a grant, a cancel)."""
-
-    def open_gate() -> None:
-        with contextlib.suppress(RuntimeError):  # Already open.
-            gate.release()
-
-    return open_gate
-
-
-def _new_gate() -> threading.Lock:
-    """
-    A held lock a waiting thread blocks on and its waker releases: a
-    one-shot signal far cheaper than a `threading.Event`.
-    """
-    gate = threading.Lock()
-    gate.acquire()
-    return gate
-
-
-def _waker(event: anyio.Event) -> Callable[[], None]:
-    """
-    Sets *event* from any thread: directly in the event loop's own thread,
-    through the loop's thread-safe hand-off from any other.
-    """
-    token = anyio.lowlevel.current_token()
-    home = threading.get_ident()
-
-    def wake() -> None:
-        if threading.get_ident() == home:
-            event.set()
-        else:
-            token.backend_class.run_sync_soon(
-                event.set, (), token.native_token
-            )
-
-    return wake
+Permit = BulkheadPermit
+"""The short name the pipeline uses inside the package."""
 
 
 def _check_timeout(timeout: object) -> float:
+    """A timeout in seconds: a number >= 0, `math.inf` for no limit."""
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
         raise ConfigTypeError(
             "Bulkhead.acquire(timeout)", timeout, "must be a number or None"
         )
-    if math.isnan(timeout) or timeout < 0:
+    try:
+        seconds = float(timeout)
+    except OverflowError:  # an int too large for a float
+        seconds = math.inf if timeout > 0 else -math.inf
+    if math.isnan(seconds) or seconds < 0:
         raise ConfigError("Bulkhead.acquire(timeout)", timeout, "must be >= 0")
-    return float(timeout)
-
-
-@final
-class Registry(Generic[_Item, _Config]):
-    """
-    Stateful primitives by name, at most *limit* of them: past it, the
-    least recently used idle ones are forgotten.
-
-    Args:
-        kind: What the registry holds, for error messages.
-        make: Builds a new item from a name and a configuration.
-        default: The configuration used when none is given.
-        idle: Whether an item may be forgotten.
-        limit: How many items to keep before forgetting idle ones.
-    """
-
-    def __init__(
-        self,
-        kind: str,
-        make: Callable[[str, _Config], _Item],
-        default: Callable[[], _Config],
-        idle: Callable[[_Item], bool],
-        limit: int = REGISTRY_LIMIT,
-    ) -> None:
-        self._kind = kind
-        self._make = make
-        self._default = default
-        self._idle = idle
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._items: collections.OrderedDict[str, _Item] = (
-            collections.OrderedDict()
-        )
-
-    def get(self, name: str, config: _Config | None) -> _Item:
-        """
-        The item called *name*, made with *config* on first use.
-
-        Raises:
-            ConfigTypeError: *name* is not a string.
-            ConfigError: *name* is empty, or *config* differs from the one
-                the existing item was made with.
-        """
-        _check_name(self._kind, name)
-        with self._lock:
-            item = self._items.get(name)
-            if item is None:
-                item = self._make(
-                    name, self._default() if config is None else config
-                )
-                self._items[name] = item
-                self._evict()
-                return item
-            self._items.move_to_end(name)
-        if config is not None and not _same(config, item.config):
-            raise ConfigError(
-                f"{self._kind}({name!r}).config",
-                config,
-                f"conflicts with the configuration it already has, "
-                f"{item.config!r}",
-            )
-        return item
-
-    def _evict(self) -> None:
-        excess = len(self._items) - self.limit
-        if excess <= 0:
-            return
-        for key in list(self._items)[:-1]:
-            if self._idle(self._items[key]):
-                del self._items[key]
-                excess -= 1
-                if excess == 0:
-                    return
-
-    def items(self) -> list[_Item]:
-        """A snapshot of the items."""
-        with self._lock:
-            return list(self._items.values())
-
-    def clear(self) -> None:
-        """Forget every item (for tests)."""
-        with self._lock:
-            self._items.clear()
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-def _check_name(kind: str, name: object) -> None:
-    check_name(f"{kind}(name)", name)
+    return seconds
 
 
 def _check_config(config: object) -> BulkheadConfig | None:
@@ -759,32 +831,25 @@ def _check_config(config: object) -> BulkheadConfig | None:
     return config
 
 
+def _adopt(bulkhead: Bulkhead, config: BulkheadConfig) -> bool:
+    """A bulkhead made from the defaults takes the first explicit
+    configuration, if it has seen no work."""
+    m = bulkhead._machine  # noqa: SLF001
+    with m._lock:  # noqa: SLF001
+        if not m.is_idle():
+            return False
+        m.configure(config)
+        return True
+
+
 BULKHEADS: Final[Registry[Bulkhead, BulkheadConfig]] = Registry(
-    "Bulkhead",
+    "bulkhead",
     Bulkhead,
     BulkheadConfig,
-    lambda b: b._machine.is_idle(),  # noqa: SLF001
+    config_of=lambda b: b.config,
+    adopt=_adopt,
+    reset=lambda b: b._machine.reset(),  # noqa: SLF001
 )
-
-
-def get_bulkhead(name: str, config: BulkheadConfig | None = None) -> Bulkhead:
-    """
-    The process-wide bulkhead called *name*.
-
-    Made with *config* (or the defaults) on first use; later calls get the
-    same object.
-
-    Args:
-        name: The dependency's name.
-        config: Its configuration; None takes the existing bulkhead's, or
-            the defaults.
-
-    Raises:
-        ConfigError: *config* differs from the existing bulkhead's.
-
-    .. versionadded:: 26.11.0
-    """
-    return BULKHEADS.get(name, _check_config(config))
 
 
 def bulkhead(
@@ -799,10 +864,16 @@ def bulkhead(
 
         db = resilient.bulkhead("db", max_concurrent=10, max_wait=0.5)
 
+    Made on first use; later calls get the same object, for as long as
+    anything holds it (a decorated function, a held permit, a variable).
+    A lookup without a configuration (``bulkhead("db").statistics()``)
+    does not fix the configuration: the first explicit one is taken, as
+    long as the bulkhead has not been used.
+
     Raises:
         TypeError: Both *config* and keywords are given.
         ConfigError: A bad value, or a configuration that differs from the
-            existing bulkhead's.
+            existing bulkhead's (the message names the fields).
 
     .. versionadded:: 26.11.0
     """
@@ -810,7 +881,16 @@ def bulkhead(
         if config is not None:
             raise TypeError("bulkhead() takes a config or keywords, not both")
         config = BulkheadConfig(**knobs)
-    return get_bulkhead(name, config)
+    return BULKHEADS.get(name, _check_config(config))
+
+
+def get_bulkhead(name: str, config: BulkheadConfig | None = None) -> Bulkhead:
+    """
+    `bulkhead` without keywords, under the name the pipeline uses.
+
+    .. versionadded:: 26.11.0
+    """
+    return BULKHEADS.get(name, _check_config(config))
 
 
 @final

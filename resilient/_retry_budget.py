@@ -9,8 +9,10 @@ every call fails, retries soon hit that line, and the load on the
 dependency stays near its normal traffic instead of multiplying by the
 number of attempts.
 
-`RetryBudget` is pure bookkeeping behind a short lock: it reads the clock
-seam and never waits, so sync and async code share it as is.
+`RetryBudgetMachine` is the window with time passed in (pure bookkeeping,
+no lock, no clock); `RetryBudget` is its shell for the process: a short
+lock, the clock seam, the refusal metric. It never waits, so sync and async
+code share it as is.
 """
 
 from __future__ import annotations
@@ -21,18 +23,20 @@ from typing import TYPE_CHECKING, Final, Unpack, final
 
 import attrs
 
-from resilient._bulkhead import Registry
 from resilient._core import _clock
 from resilient._core._config_retry_budget import (
     RetryBudgetConfig,
     RetryBudgetKnobs,
 )
+from resilient._core._registry import Registry
 from resilient._core._telemetry import instruments
 from resilient.exceptions import ConfigTypeError
 
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Meter
+
+    from resilient.typing import Clock
 
 
 # The window is kept as this many buckets: calls and retries leave the
@@ -69,23 +73,26 @@ class RetryBudgetStatistics:
 
 
 @final
-class RetryBudget:
+class RetryBudgetMachine:
     """
-    The retry budget of one dependency, shared by every caller in the
-    process. Get one with `resilient.retry_budget`.
+    The sliding window of one retry budget, with time passed in: pure
+    bookkeeping, no lock, no clock. `RetryBudget` wraps it for the process;
+    a simulator can drive one directly in its own virtual time::
 
-    Retry calls `record_call` once per logical call (on its first attempt)
-    and `try_acquire_retry` before every retry; when it returns False, the
-    retry is refused and the last error re-raised.
+        m = RetryBudgetMachine(RetryBudgetConfig(), now=0.0)
+        m.record_call(now=0.5)
+        allowed = m.try_acquire_retry(now=0.7)
 
-    Thread-safe; reads time through the clock seam, so a `FakeClock` moves
-    the window in tests.
+    Not thread-safe on its own. Every method leaves the window consistent
+    wherever an asynchronous exception lands (each bucket is cleared together
+    with its share of the totals, and the window moves last), so a shell
+    that calls it under a lock needs nothing more.
 
     Args:
-        name: The dependency's name.
         config: The budget's configuration.
+        now: The time on the caller's clock, in seconds.
 
-    .. versionadded:: 26.11.0
+    .. versionadded:: 26.12.0
     """
 
     __slots__ = (
@@ -94,7 +101,6 @@ class RetryBudget:
         "_hi",
         "_index",
         "_lo",
-        "_lock",
         "_ratio",
         "_reserve",
         "_retries",
@@ -102,33 +108,27 @@ class RetryBudget:
         "_window_calls",
         "_window_retries",
         "config",
-        "name",
         "refused",
         "total_calls",
         "total_retries",
     )
 
-    def __init__(self, name: str, config: RetryBudgetConfig) -> None:
-        self.name = name
+    def __init__(self, config: RetryBudgetConfig, now: float) -> None:
         self.config = config
         self._ratio = config.ratio
         self._reserve = config.min_per_second * config.window + _EPSILON
         self._width = config.window / BUCKETS
-        self._lock = threading.Lock()
         self._calls = [0] * BUCKETS
         self._retries = [0] * BUCKETS
-        self._head = self._index = 0
-        self._lo = self._hi = 0.0
-        self._move_to(math.floor(_clock.get_clock().now() / self._width))
         self._window_calls = 0
         self._window_retries = 0
+        self._move_to(math.floor(now / self._width))
         self.total_calls = 0
         self.total_retries = 0
         self.refused = 0
 
-    def _advance(self) -> int:
+    def _advance(self, now: float) -> int:
         """Drop the buckets that left the window; the current index."""
-        now = _clock.get_clock().now()
         if self._lo <= now < self._hi:
             return self._index
         slot = math.floor(now / self._width)
@@ -145,31 +145,123 @@ class RetryBudget:
             self._retries = [0] * BUCKETS
             self._window_calls = self._window_retries = 0
         else:
+            calls, retries = self._calls, self._retries
             for step in range(1, gap + 1):
                 i = (self._head + step) % BUCKETS
-                self._window_calls -= self._calls[i]
-                self._window_retries -= self._retries[i]
-                self._calls[i] = self._retries[i] = 0
+                # One bucket and its share of the totals together: cut off
+                # here, the next call clears the same buckets again.
+                self._window_calls -= calls[i]
+                self._window_retries -= retries[i]
+                calls[i] = retries[i] = 0
         self._move_to(slot)
         return self._index
 
     def _move_to(self, slot: int) -> None:
-        self._head = slot
-        self._index = slot % BUCKETS
-        self._lo = slot * self._width
-        self._hi = self._lo + self._width
+        index = slot % BUCKETS
+        lo = slot * self._width
+        hi = lo + self._width
+        self._head, self._index, self._lo, self._hi = slot, index, lo, hi
 
-    def _available(self) -> int:
+    def available(self, now: float) -> int:
+        """Retries that would be allowed at *now*."""
+        self._advance(now)
         allowance = self._ratio * self._window_calls + self._reserve
         return max(0, math.floor(allowance) - self._window_retries)
 
+    def record_call(self, now: float) -> None:
+        """Count one logical call (its first attempt, not its retries)."""
+        i = self._advance(now)
+        self._calls[i] += 1
+        self._window_calls += 1
+        self.total_calls += 1
+
+    def try_acquire_retry(self, now: float) -> bool:
+        """
+        Spend one retry at *now* if the budget allows it.
+
+        Returns:
+            True if the retry may go ahead (it is counted); False if it
+            would exceed the budget (nothing is counted but the refusal).
+        """
+        if self.available(now) >= 1:
+            i = self._index
+            self._retries[i] += 1
+            self._window_retries += 1
+            self.total_retries += 1
+            return True
+        self.refused += 1
+        return False
+
+    def statistics(self, name: str, now: float) -> RetryBudgetStatistics:
+        """A snapshot of the window at *now* and of the totals."""
+        available = self.available(now)
+        return RetryBudgetStatistics(
+            name=name,
+            calls=self._window_calls,
+            retries=self._window_retries,
+            available=available,
+            total_calls=self.total_calls,
+            total_retries=self.total_retries,
+            refused=self.refused,
+        )
+
+    def is_unused(self) -> bool:
+        """Whether it has counted nothing yet."""
+        return not (self.total_calls or self.total_retries or self.refused)
+
+
+@final
+class RetryBudget:
+    """
+    The retry budget of one dependency, shared by every caller in the
+    process. Get one with `resilient.retry_budget`.
+
+    Retry calls `record_call` once per logical call (on its first attempt)
+    and `try_acquire_retry` before every retry; when it returns False, the
+    retry is refused and the last error re-raised.
+
+    A thin shell around a `RetryBudgetMachine`: a short lock, the clock,
+    and the refusal metric. Reads time through the clock seam (so a
+    `FakeClock` moves the window in tests), or from *clock* when given.
+
+    Args:
+        name: The dependency's name.
+        config: The budget's configuration.
+        clock: The clock to read instead of the process's clock seam (a
+            simulator's virtual clock).
+
+    .. versionadded:: 26.11.0
+    .. versionchanged:: 26.12.0 The *clock* argument.
+    """
+
+    __slots__ = ("__weakref__", "_clock", "_lock", "_m", "name")
+
+    def __init__(
+        self,
+        name: str,
+        config: RetryBudgetConfig,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.name = name
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._m = RetryBudgetMachine(config, self._now())
+
+    @property
+    def config(self) -> RetryBudgetConfig:
+        """The configuration."""
+        return self._m.config
+
+    def _now(self) -> float:
+        clock = self._clock
+        return (clock if clock is not None else _clock.get_clock()).now()
+
     def record_call(self) -> None:
         """Count one logical call (its first attempt, not its retries)."""
+        now = self._now()
         with self._lock:
-            i = self._advance()
-            self._calls[i] += 1
-            self._window_calls += 1
-            self.total_calls += 1
+            self._m.record_call(now)
 
     def try_acquire_retry(self) -> bool:
         """
@@ -179,30 +271,18 @@ class RetryBudget:
             True if the retry may go ahead (it is counted); False if it
             would exceed the budget (nothing is counted but the refusal).
         """
+        now = self._now()
         with self._lock:
-            i = self._advance()
-            if self._available() >= 1:
-                self._retries[i] += 1
-                self._window_retries += 1
-                self.total_retries += 1
-                return True
-            self.refused += 1
-        _refused(self.name)
-        return False
+            allowed = self._m.try_acquire_retry(now)
+        if not allowed:
+            _refused(self.name)
+        return allowed
 
     def statistics(self) -> RetryBudgetStatistics:
         """A consistent snapshot of the window and the totals."""
+        now = self._now()
         with self._lock:
-            self._advance()
-            return RetryBudgetStatistics(
-                name=self.name,
-                calls=self._window_calls,
-                retries=self._window_retries,
-                available=self._available(),
-                total_calls=self.total_calls,
-                total_retries=self.total_retries,
-                refused=self.refused,
-            )
+            return self._m.statistics(self.name, now)
 
     def refusal_note(self) -> str:
         """
@@ -216,6 +296,21 @@ class RetryBudget:
             f"{c.window:g} s (allowed: {c.ratio:g} per call "
             f"+ {c.min_per_second:g} per second)"
         )
+
+    def _reset(self) -> None:
+        """A fresh window and totals (`reset_registries`)."""
+        now = self._now()
+        with self._lock:
+            self._m = RetryBudgetMachine(self._m.config, now)
+
+    def _adopt(self, config: RetryBudgetConfig) -> bool:
+        """Take *config* if nothing was counted yet (a provisional one)."""
+        now = self._now()
+        with self._lock:
+            if not self._m.is_unused():
+                return False
+            self._m = RetryBudgetMachine(config, now)
+            return True
 
     def __repr__(self) -> str:
         s = self.statistics()
@@ -236,11 +331,12 @@ def _check_config(config: object) -> RetryBudgetConfig | None:
 
 
 RETRY_BUDGETS: Final[Registry[RetryBudget, RetryBudgetConfig]] = Registry(
-    "RetryBudget",
+    "retry_budget",
     RetryBudget,
     RetryBudgetConfig,
-    # Forgetting a budget only forgets the last window of traffic.
-    lambda _: True,
+    config_of=lambda b: b.config,
+    adopt=lambda b, c: b._adopt(c),  # noqa: SLF001
+    reset=lambda b: b._reset(),  # noqa: SLF001
 )
 
 
@@ -253,7 +349,9 @@ def retry_budget(
     The process-wide retry budget of the dependency called *name*.
 
     Made with *config* (or the keywords of `RetryBudgetConfig`, or the
-    defaults) on first use; later calls get the same object.
+    defaults) on first use; later calls get the same object, for as long
+    as anything holds it. A lookup without a configuration does not fix
+    it: the first explicit one is taken while nothing was counted.
 
     Raises:
         TypeError: Both *config* and keywords are given.

@@ -150,17 +150,19 @@ def reset_registries() -> None:
             yield
             resilient.testing.reset_registries()
 
-    Objects already handed out keep working; the next lookup of a name
-    makes a new one.
+    Objects already handed out, including those a decorated function
+    captured, keep working and are reset in place (a bulkhead keeps the
+    slots that are held then, so it never admits more than its limit).
+    The next lookup of a breaker's name returns the same, reset breaker;
+    that of another kind makes a new one, and decorated functions look
+    their parts up again.
 
     .. versionadded:: 26.11.0
     """
-    from resilient._bulkhead import BULKHEADS  # noqa: PLC0415
     from resilient._core._registry import reset_all  # noqa: PLC0415
-    from resilient._retry_budget import RETRY_BUDGETS  # noqa: PLC0415
 
-    BULKHEADS.clear()
-    RETRY_BUDGETS.clear()
+    # Every registry of the core (breakers, bulkheads, retry budgets, ...):
+    # each live item is reset in place, then forgotten.
     reset_all()
 
 

@@ -21,6 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 
 import resilient
 import resilient.testing
+from tests.actors import Actors
 
 
 @pytest.fixture(autouse=True)
@@ -165,6 +166,15 @@ class Driver:
 def driver(request: pytest.FixtureRequest) -> Driver:
     """One scenario, three shells: sync, asyncio and trio."""
     return Driver(request.param)
+
+
+@pytest.fixture(params=["sync", "asyncio", "trio"])
+def actors(request: pytest.FixtureRequest) -> Iterator[Actors]:
+    """One scenario, three colours of concurrent callers: threads, asyncio
+    tasks, trio tasks (`tests.actors.Actors`)."""
+    a = Actors(request.param)
+    yield a
+    a.close()
 
 
 @pytest.fixture(params=["asyncio", "trio"])

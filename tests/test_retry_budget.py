@@ -6,6 +6,7 @@ thread safety, the registry, configuration and telemetry.
 from __future__ import annotations
 
 import datetime as dt
+import gc
 import math
 import random
 import threading
@@ -21,6 +22,7 @@ from resilient._retry_budget import (
     BUCKETS,
     RETRY_BUDGETS,
     RetryBudget,
+    RetryBudgetMachine,
     get_retry_budget,
 )
 from resilient.exceptions import ConfigError, ConfigTypeError
@@ -275,9 +277,12 @@ class TestRegistry:
         assert get_retry_budget("other").config == RetryBudgetConfig()
 
     def test_conflicting_config(self) -> None:
-        """A different configuration for an existing name is refused."""
+        """A different configuration for an existing name is refused,
+        naming the field that differs."""
         get_retry_budget("dep", ratio=0.3)
-        with pytest.raises(ConfigError, match=r"RetryBudget\('dep'\)"):
+        with pytest.raises(
+            ConfigError, match=r"retry_budget\('dep'\).*ratio: 0.3 != 0.4"
+        ):
             get_retry_budget("dep", ratio=0.4)
 
     def test_config_and_knobs(self) -> None:
@@ -290,14 +295,109 @@ class TestRegistry:
         with pytest.raises(ConfigTypeError, match="retry_budget"):
             get_retry_budget("dep", 0.2)  # type: ignore[arg-type]
 
-    def test_bounded(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Past the limit, the least recently used budgets are forgotten."""
+    def test_held_budget_is_never_duplicated(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Regression: past the registry's limit a budget still in use was
+        forgotten and the next lookup made a second one with an empty
+        window. Now the same name finds the same budget while it is held;
+        budgets nobody holds are forgotten."""
         monkeypatch.setattr(RETRY_BUDGETS, "limit", 3)
         first = get_retry_budget("first")
         for i in range(5):
             get_retry_budget(f"b{i}")
+        gc.collect()
+        assert len(RETRY_BUDGETS) == 4  # 3 kept + the one still held
+        assert get_retry_budget("first") is first
+        del first
+        for i in range(5, 10):
+            get_retry_budget(f"b{i}")
+        gc.collect()
         assert len(RETRY_BUDGETS) == 3
-        assert get_retry_budget("first") is not first
+
+    def test_lookup_without_config_then_configured(self, clock: Any) -> None:
+        """A budget made by a lookup without configuration takes the first
+        explicit one while it has counted nothing; then conflicts."""
+        assert get_retry_budget("dep").statistics().available == 100
+        b = get_retry_budget("dep", ratio=0.5, min_per_second=0.0)
+        assert b.config.ratio == 0.5
+        b.record_call()
+        other = get_retry_budget("other")
+        other.record_call()
+        with pytest.raises(ConfigError, match=r"ratio: 0\.2 != 0\.5"):
+            get_retry_budget("other", ratio=0.5)
+
+    def test_reset_starts_a_fresh_window(self, clock: Any) -> None:
+        """reset_registries() resets a budget a holder keeps, in place."""
+        b = get_retry_budget("dep", ratio=0.0, min_per_second=0.1)
+        assert spend(b, 2) == 1
+        resilient.testing.reset_registries()
+        s = b.statistics()
+        assert (s.retries, s.total_retries, s.refused) == (0, 0, 0)
+        assert spend(b, 1) == 1
+
+
+class TestMachine:
+    def test_driven_in_its_own_time(self) -> None:
+        """The pure machine takes the time as an argument: a simulator
+        drives it in virtual time without touching the process clock."""
+        m = RetryBudgetMachine(
+            RetryBudgetConfig(ratio=0.5, min_per_second=0.0, window=10.0),
+            now=100.0,
+        )
+        for t in (100.0, 101.0):
+            m.record_call(t)
+        assert m.try_acquire_retry(102.0)
+        assert not m.try_acquire_retry(102.0)
+        assert m.available(109.0) == 0
+        # Both calls leave the window 10 s after they were counted.
+        assert m.statistics("dep", 111.5).calls == 0
+        assert (m.total_calls, m.total_retries, m.refused) == (2, 1, 1)
+
+    def test_shell_reads_a_given_clock(self) -> None:
+        """RetryBudget(clock=...) reads that clock, not the process's."""
+        clock = resilient.testing.FakeClock(start=0.0)
+        b = RetryBudget(
+            "dep",
+            RetryBudgetConfig(ratio=0.0, min_per_second=0.1, window=10.0),
+            clock=clock,
+        )
+        assert b.try_acquire_retry()
+        assert not b.try_acquire_retry()
+        clock.advance(10.0)
+        assert b.try_acquire_retry()
+
+    def test_advance_cut_off_half_way_stays_consistent(self) -> None:
+        """An exception between two buckets of a window move (a loop's back
+        edge is where asynchronous exceptions land) leaves totals that
+        match the buckets; the next step finishes the move."""
+        m = RetryBudgetMachine(
+            RetryBudgetConfig(ratio=1.0, min_per_second=0.0, window=2.0),
+            now=0.0,
+        )
+        for i in range(BUCKETS):
+            m.record_call(i * 0.1)
+        calls = list(m._calls)
+
+        class Cut(BaseException):
+            pass
+
+        class Buckets(list[int]):
+            cuts = 0
+
+            def __setitem__(self, i: Any, v: Any) -> None:
+                super().__setitem__(i, v)
+                if Buckets.cuts == 0:
+                    Buckets.cuts += 1
+                    raise Cut
+
+        m._retries = Buckets(m._retries)
+        with pytest.raises(Cut):
+            m.record_call(2.5)
+        assert m._window_calls == sum(m._calls) < sum(calls)
+        m.record_call(2.5)
+        assert m._window_calls == sum(m._calls)
+        assert m.statistics("dep", 2.5).calls == sum(m._calls)
 
 
 class TestConfig:
@@ -328,6 +428,14 @@ class TestConfig:
             ("window", 0.05, ConfigError),
             ("window", 3601.0, ConfigError),
             ("window", None, ConfigTypeError),
+            # Regressions: these raised OverflowError (at construction, or
+            # at the first retry for a floor too large to floor()).
+            ("ratio", 10**400, ConfigError),
+            ("min_per_second", 10**400, ConfigError),
+            ("min_per_second", 1e308, ConfigError),
+            ("window", 10**400, ConfigError),
+            ("ratio", dt.timedelta(seconds=1), ConfigTypeError),
+            ("min_per_second", dt.timedelta(seconds=1), ConfigTypeError),
         ],
     )
     def test_bad_values(
@@ -338,7 +446,9 @@ class TestConfig:
         with pytest.raises(error) as info:
             RetryBudgetConfig(**{field: value})
         assert f"RetryBudgetConfig.{field}" in str(info.value)
-        assert repr(value) in str(info.value)
+        # An int too large for a float is shown as the infinity it becomes.
+        big = isinstance(value, int) and value > 10**308
+        assert ("got inf" if big else repr(value)) in str(info.value)
 
 
 class TestReporting:

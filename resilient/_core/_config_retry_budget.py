@@ -6,25 +6,48 @@ The budget itself is in `resilient._retry_budget`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict, final
+import datetime as dt
+import math
+from typing import Any, Final, TypedDict, final
 
 import attrs
 
-from resilient._core._validate import (
-    check_number,
-    non_negative,
-    to_seconds,
-)
+from resilient._core._validate import check_number, field_name, to_seconds
+from resilient.exceptions import ConfigTypeError
 
 
-if TYPE_CHECKING:
-    import datetime as dt
+MAX_RATIO: Final = 1000.0
+"""Retries per call past which a ratio means nothing (no policy makes
+that many attempts)."""
+
+MAX_PER_SECOND: Final = 1e6
+"""A floor of retries per second past which the budget never refuses: a
+larger one only risks overflowing the window's arithmetic."""
 
 
 def _ratio(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    check_number(inst, attribute, value, maximum=1000.0)
+    _not_a_duration(inst, attribute, value)
+    check_number(inst, attribute, value, maximum=MAX_RATIO)
+
+
+def _per_second(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    _not_a_duration(inst, attribute, value)
+    check_number(inst, attribute, value, maximum=MAX_PER_SECOND)
+
+
+def _not_a_duration(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if isinstance(value, dt.timedelta):
+        raise ConfigTypeError(
+            field_name(inst, attribute),
+            value,
+            "must be a number, not a duration",
+        )
 
 
 def _window(
@@ -34,9 +57,15 @@ def _window(
 
 
 def _to_float(value: object) -> object:
-    """Accept ints for counts and ratios."""
+    """
+    Accept ints for counts and ratios; an int too large for a float becomes
+    an infinity, which the validator refuses as not finite.
+    """
     if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
     return value
 
 
@@ -58,10 +87,11 @@ class RetryBudgetConfig:
 
     Args:
         ratio: Retries allowed per call; 0.2 lets 1 call in 5 retry once
-            (or 1 in 10 retry twice). 0 leaves only the floor.
+            (or 1 in 10 retry twice). 0 leaves only the floor. At most
+            1000; a number, never a `datetime.timedelta`.
         min_per_second: The floor, in retries per second, that is allowed
-            whatever the traffic; 0 for no floor.
-        window: Seconds a call or a retry is remembered.
+            whatever the traffic; 0 for no floor, at most 1,000,000.
+        window: Seconds a call or a retry is remembered, from 0.1 to 3600.
 
     Defaults are Finagle's: 20 % of calls on top of 10 retries per second,
     over 10 s. In an outage, load on the dependency is then at most about
@@ -75,7 +105,7 @@ class RetryBudgetConfig:
         default=0.2, converter=_to_float, validator=_ratio
     )
     min_per_second: float = attrs.field(
-        default=10.0, converter=_to_float, validator=non_negative
+        default=10.0, converter=_to_float, validator=_per_second
     )
     window: float = attrs.field(
         default=10.0, converter=to_seconds, validator=_window
