@@ -1,0 +1,137 @@
+"""
+Lock backends, loaded by URL scheme only when a URL asks for one.
+
+``import resilient`` imports none of them; `open_backend` imports
+``resilient._backends._<module>`` the first time a lock uses its scheme, so
+neither redis nor psycopg is imported unless a ``redis://`` or
+``postgresql://`` lock is made. Backends are shared per URL in a process (one
+connection pool and one renewer per backend); an async backend is shared per
+URL and event loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from typing import TYPE_CHECKING, Final
+
+from resilient._backends._base import (
+    AsyncLockBackend,
+    Busy,
+    Grant,
+    LockBackend,
+    LockKey,
+    OwnerToken,
+    ReleaseResult,
+    Renewal,
+)
+from resilient.exceptions import ConfigError, ConfigTypeError
+
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+
+__all__ = [
+    "SCHEMES",
+    "AsyncLockBackend",
+    "Busy",
+    "Grant",
+    "LockBackend",
+    "LockKey",
+    "OwnerToken",
+    "ReleaseResult",
+    "Renewal",
+    "async_backend",
+    "open_backend",
+    "scheme_of",
+]
+
+#: URL scheme -> (module under resilient._backends, extra that installs it).
+SCHEMES: Final[dict[str, tuple[str, str | None]]] = {
+    "memory": ("_memory", None),
+    "sqlite": ("_sqlite", None),
+    "redis": ("_redis", "redis"),
+    "rediss": ("_redis", "redis"),
+    "postgresql": ("_postgres", "postgres"),
+    "postgres": ("_postgres", "postgres"),
+}
+
+_LOCK = threading.Lock()
+_SYNC: dict[str, LockBackend] = {}
+_ASYNC: dict[tuple[str, object], AsyncLockBackend] = {}
+
+
+def scheme_of(url: object, field: str = "LockConfig.backend") -> str:
+    """
+    The known scheme of *url*, lowercased; `ConfigError` naming the scheme
+    (never the URL, which may hold a password) when it is not one.
+    """
+    if not isinstance(url, str):
+        raise ConfigTypeError(field, url, "must be a URL string")
+    scheme, sep, _ = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in SCHEMES:
+        known = ", ".join(f"{s}://" for s in SCHEMES)
+        raise ConfigError(
+            field,
+            f"{scheme}://" if sep else "(no scheme)",
+            f"has an unknown URL scheme (known: {known})",
+        )
+    return scheme
+
+
+def _module(url: str, field: str) -> ModuleType:
+    scheme = scheme_of(url, field)
+    module, extra = SCHEMES[scheme]
+    try:
+        return importlib.import_module(f"resilient._backends.{module}")
+    except ImportError as exc:
+        if extra is None:  # pragma: no cover - the stdlib backends import
+            raise
+        raise ConfigError(
+            field,
+            f"{scheme}://",
+            f"needs its driver ({exc.name or 'a module'} is missing): "
+            f"pip install 'resilient[{extra}]'",
+        ) from exc
+
+
+def check_url(url: object, field: str = "LockConfig.backend") -> None:
+    """Refuse an unknown scheme or a missing driver (at construction)."""
+    _module(url, field)  # type: ignore[arg-type]
+
+
+def open_backend(url: str) -> LockBackend:
+    """The process's sync backend for *url*, made on first use."""
+    with _LOCK:
+        backend = _SYNC.get(url)
+        if backend is None:
+            backend = _module(url, "LockConfig.backend").sync_backend(url)
+            _SYNC[url] = backend
+        return backend  # type: ignore[no-any-return]
+
+
+def async_backend(url: str, loop: object) -> AsyncLockBackend:
+    """
+    The async backend for *url* in the event loop *loop* (any hashable
+    token of the running loop), made on first use.
+    """
+    with _LOCK:
+        backend = _ASYNC.get((url, loop))
+        if backend is None:
+            backend = _module(url, "LockConfig.backend").async_backend(url)
+            _ASYNC[url, loop] = backend
+        return backend  # type: ignore[no-any-return]
+
+
+def forget_backends() -> list[LockBackend | AsyncLockBackend]:
+    """Drop every cached backend (tests); returns them for closing."""
+    with _LOCK:
+        gone: list[LockBackend | AsyncLockBackend] = [
+            *_SYNC.values(),
+            *_ASYNC.values(),
+        ]
+        _SYNC.clear()
+        _ASYNC.clear()
+    return gone
