@@ -159,9 +159,12 @@ def reset_registries() -> None:
     from resilient._bulkhead import BULKHEADS  # noqa: PLC0415
     from resilient._retry_budget import RETRY_BUDGETS  # noqa: PLC0415
 
+    from resilient._core._registry import reset_all  # noqa: PLC0415
+
     _REGISTRY.clear()
     BULKHEADS.clear()
     RETRY_BUDGETS.clear()
+    reset_all()
 
 
 FakeClock.__module__ = "resilient.testing"

@@ -1,0 +1,69 @@
+"""
+Which event loop, if any, runs in this thread, and how another thread
+reaches it.
+
+The library's sync forms block the thread they run in (a retry's backoff
+sleep, a bulkhead's queue, a lock's wait). On a thread that runs an event
+loop that stalls every task of the loop, and can deadlock it (the task
+that would release the slot never runs), so those waits ask
+`refuse_blocking` first and raise a clear error naming the async form.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def current_async_library() -> str | None:
+    """The async library running in this thread, or None in sync code."""
+    try:
+        import sniffio  # noqa: PLC0415
+    except ImportError:  # pragma: no cover - anyio brings sniffio
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        return "asyncio"
+    try:
+        return sniffio.current_async_library()
+    except sniffio.AsyncLibraryNotFoundError:
+        return None
+
+
+def loop_caller(library: str) -> Callable[[Callable[[], object]], None]:
+    """
+    How another thread asks the event loop running in this thread to call
+    something soon (call it from the loop's own thread).
+    """
+    if library == "trio":
+        import trio  # noqa: PLC0415
+
+        return trio.lowlevel.current_trio_token().run_sync_soon
+    loop = asyncio.get_running_loop()
+
+    def call(fn: Callable[[], object]) -> None:
+        loop.call_soon_threadsafe(fn)
+
+    return call
+
+
+def refuse_blocking(what: str, instead: str) -> None:
+    """
+    Raise if this thread runs an event loop: *what* (``"a sync retry of
+    'payments'"``) would block it; *instead* names the async form to use.
+
+    Raises:
+        RuntimeError: An event loop runs in this thread.
+    """
+    library = current_async_library()
+    if library is not None:
+        raise RuntimeError(
+            f"resilient: {what} would block the {library} event loop that "
+            f"runs in this thread; use {instead} (or run the sync code in "
+            "a worker thread, e.g. anyio.to_thread.run_sync)"
+        )
