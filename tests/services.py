@@ -112,11 +112,25 @@ class _Process:
             f"within {START_SECONDS:.0f} s: {self._log_tail()}"
         )
 
+    def _pids(self) -> list[int]:
+        """The server's processes: the main one and its children (they
+        may have left its process group: PostgreSQL's call setsid())."""
+        assert self.proc is not None
+        pids = [self.proc.pid]
+        children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in children.read_text().split()]
+        return pids
+
     def _signal_group(self, sig: signal.Signals) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        pids = self._pids()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
+        for pid in pids[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def pause(self) -> None:
         """Freeze every process of the server (``SIGSTOP``)."""

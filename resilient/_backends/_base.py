@@ -296,9 +296,7 @@ class AsyncLockBackend(Protocol):
         """See `LockBackend.renew`."""
         ...
 
-    async def release(
-        self, key: LockKey, owner: OwnerToken
-    ) -> ReleaseResult:
+    async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         """See `LockBackend.release`."""
         ...
 
