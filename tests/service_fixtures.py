@@ -32,13 +32,16 @@ __all__ = [
     "RUN_ID",
     "Services",
     "missing_service",
+    "postgres_lock_url",
     "postgres_server",
     "postgres_url",
     "pytest_runtest_logreport",
     "pytest_sessionfinish",
+    "redis_lock_url",
     "redis_server",
     "redis_url",
     "test_services",
+    "with_query",
 ]
 
 
@@ -139,6 +142,24 @@ def postgres_url(test_services: Services) -> str:
             return url
         missing_service("initdb is not installed and DATABASE_URL is unset")
     return test_services.postgres().url
+
+
+def with_query(url: str, **params: str) -> str:
+    """*url* with *params* added to its query string."""
+    query = "&".join(f"{k}={v}" for k, v in params.items())
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+@pytest.fixture(scope="session")
+def redis_lock_url(redis_url: str) -> str:
+    """A ``redis://`` lock URL whose keys are namespaced to this run."""
+    return with_query(redis_url, namespace=f"rt{RUN_ID}")
+
+
+@pytest.fixture(scope="session")
+def postgres_lock_url(postgres_url: str) -> str:
+    """A ``postgresql://`` lock URL whose table is this run's own."""
+    return with_query(postgres_url, table=f"resilient_locks_rt{RUN_ID}")
 
 
 @pytest.fixture

@@ -102,6 +102,9 @@ EXTRA: Final = "postgres"
 #: Leases renewed by one statement.
 MAX_RENEW_BATCH: Final = 500
 
+#: The shortest time limit a ttl gives a call, in seconds.
+MIN_LIMIT: Final = 0.05
+
 #: The default time limit of one call, in seconds (URL: ``timeout=``).
 DEFAULT_TIMEOUT: Final = 2.0
 
@@ -288,6 +291,9 @@ class Statements:
         self._release = render(_RELEASE)
 
     def limit(self, cap: float) -> float:
+        # A reply later than the lease's ttl is of no use (the holder would
+        # count it invalid), but a tiny ttl must not starve the round trip.
+        cap = max(cap, MIN_LIMIT)
         return max(min(remaining(), cap, self.timeout), 0.0)
 
     def acquire(self, key: LockKey, owner: OwnerToken, ttl: float) -> Query:
