@@ -367,7 +367,7 @@ class PostgresServer(_Process):
             "-c",
             "fsync=off",
             "-c",
-            "synchronous_commit=off",
+            "synchronous_commit=on",
             "-c",
             "full_page_writes=off",
             "-c",

@@ -233,7 +233,8 @@ def parse_url(url: str) -> Options:
             rest.append((name, value))
     scheme = "postgresql" if parts.scheme.lower() == "postgres" else None
     driver = parts._replace(
-        query=urllib.parse.urlencode(rest), scheme=scheme or parts.scheme
+        query=urllib.parse.urlencode(rest, quote_via=urllib.parse.quote),
+        scheme=scheme or parts.scheme,
     ).geturl()
     return Options(driver, table, timeout)
 
@@ -344,7 +345,7 @@ def backend_error(exc: BaseException, query: Query | None) -> LockBackendError:
         state = exc.sqlstate
         reason = state
     else:
-        reason = "connection"
+        reason = _refused_login(str(exc)) or "connection"
     if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
         message = exc.diag.message_primary
     else:
@@ -356,6 +357,25 @@ def backend_error(exc: BaseException, query: Query | None) -> LockBackendError:
         state is not None and state[:2] in _RETRYABLE_STATES
     )
     return LockBackendError("postgresql", reason, message, retryable=retryable)
+
+
+# A refused connection carries no SQLSTATE, only libpq's text.
+_LOGIN_REFUSALS: Final = (
+    (
+        re.compile(r"role .* does not exist|authentication failed|pg_hba"),
+        "28000",
+    ),
+    (re.compile(r"database .* does not exist"), "3D000"),
+    (re.compile(r"permission denied for database"), "42501"),
+)
+
+
+def _refused_login(message: str) -> str | None:
+    """The SQLSTATE of a login the server refused, from its message."""
+    for pattern, state in _LOGIN_REFUSALS:
+        if pattern.search(message):
+            return state
+    return None
 
 
 class _Connection(psycopg.Connection[Any]):

@@ -260,7 +260,9 @@ def parse_url(url: str) -> Options:
             timeout = _seconds(value)
         else:
             rest.append((name, value))
-    driver = parts._replace(query=urllib.parse.urlencode(rest)).geturl()
+    driver = parts._replace(
+        query=urllib.parse.urlencode(rest, quote_via=urllib.parse.quote)
+    ).geturl()
     return Options(driver, namespace, timeout)
 
 
