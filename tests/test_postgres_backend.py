@@ -294,9 +294,7 @@ def test_missing_privilege_is_not_retryable(
     """A role without rights on the table (42501): final."""
     role = f"r_{table}"
     raw.execute(f"CREATE ROLE {role} LOGIN")
-    raw.execute(
-        f"CREATE TABLE {table} (key bytea PRIMARY KEY, owner bytea, fence bigint NOT NULL, expires_at timestamptz NOT NULL)"
-    )
+    raw.execute(_postgres.CREATE_TABLE.format(table=table))
     url = with_query(
         postgres_url.replace("postgres@", f"{role}@", 1), table=table
     )
@@ -328,7 +326,7 @@ def test_table_of_another_shape_is_not_retryable(
         _expect(shell, "42703", retryable=False)
 
 
-# Dead, frozen and terminated servers; lost replies ----------------------------
+# Dead, frozen and terminated servers; lost replies --------------------------
 
 
 @pytest.fixture
