@@ -570,3 +570,56 @@ class _FakeRedis:
 
 def _commands(data: bytes) -> int:
     return sum(1 for line in data.split(b"\r\n") if line.startswith(b"*"))
+
+
+# The resource side: fenced writes -------------------------------------------
+
+
+def test_fenced_set_refuses_stale_and_equal_tokens(
+    raw: redis.Redis, namespace: str
+) -> None:
+    """
+    A fenced write is applied only above every earlier token (an equal
+    token is refused too); tokens past 2**53 compare exactly.
+    """
+    from resilient._fence_redis import fenced_set
+
+    key = f"{namespace}:resource"
+    big = 2**60
+    assert fenced_set(raw, key, "a", 10)
+    assert not fenced_set(raw, key, "stale", 9)
+    assert not fenced_set(raw, key, "same", 10)
+    assert fenced_set(raw, key, "b", 11)
+    assert fenced_set(raw, key, "c", big)
+    assert not fenced_set(raw, key, "d", big - 1)
+    assert fenced_set(raw, key, "e", big + 1)
+    assert raw.hgetall(key) == {
+        b"fence": str(big + 1).encode(),
+        b"value": b"e",
+    }
+    for bad in (-1, 1.5, "3", True):
+        with pytest.raises(TypeError, match="fencing token"):
+            fenced_set(raw, key, "x", bad)  # type: ignore[arg-type]
+
+
+def test_afenced_set_with_the_asyncio_client(
+    redis_url: str, namespace: str
+) -> None:
+    """The asyncio twin applies the same check, also after SCRIPT FLUSH."""
+    import asyncio
+
+    import redis.asyncio
+
+    from resilient._fence_redis import afenced_set
+
+    async def main() -> list[bool]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        key = f"{namespace}:aresource"
+        out = [await afenced_set(client, key, b"v1", 5)]
+        await client.script_flush()
+        out.append(await afenced_set(client, key, b"v0", 4))
+        out.append(await afenced_set(client, key, b"v2", 6))
+        await client.aclose()
+        return out
+
+    assert asyncio.run(main()) == [True, False, True]
