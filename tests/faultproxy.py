@@ -69,6 +69,7 @@ class FaultProxy:
         self.latency = 0.0
         self.refuse = False
         self.dropped_replies = 0
+        self.requests = 0  # chunks forwarded client -> server
         self._holes = threading.Event()  # set while blackholed
         self._drop: Literal["reset", "hang"] | None = None
         self._links: list[_Link] = []
@@ -176,6 +177,8 @@ class FaultProxy:
                     continue
                 if self.latency:
                     time.sleep(self.latency)
+                if not reply:
+                    self.requests += 1
                 dst.sendall(data)
         except (OSError, ValueError):
             pass
