@@ -174,7 +174,6 @@ class ScopeCancelled(BaseException):
         super().__init__(f"cancelled by {scope!r}")
 
 
-@final
 class LockBackendError(ResilientError):
     """
     A lock's store (Redis, PostgreSQL) answered a request with an error, or
@@ -197,6 +196,8 @@ class LockBackendError(ResilientError):
             lost) or ``"timeout"`` (no reply within the call's time limit).
         retryable: False when trying again cannot help (a key of another
             type, a refused login or permission: a configuration error).
+
+    .. versionadded:: 26.11.0
     """
 
     def __init__(
