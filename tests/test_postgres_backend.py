@@ -225,7 +225,13 @@ def test_names_are_hashed(
     surrogates, NFC/NFD twins and a megabyte of text each get their own row
     keyed by the 32-byte hash; none blocks another.
     """
-    names = ["a\x00b", "' OR 1=1 --", "\ud800", "\u00e9t\u00e9", "e\u0301te\u0301"]
+    names = [
+        "a\x00b",
+        "' OR 1=1 --",
+        "\ud800",
+        "\u00e9t\u00e9",
+        "e\u0301te\u0301",
+    ]
     names.append("x" * 1_000_000)
     for name in names:
         assert isinstance(
@@ -431,3 +437,34 @@ def test_dropped_reply_to_a_grant_is_recognised(
                 (key.digest,),
             ).fetchone()
         assert row == (granted.fence,)
+
+
+def test_small_cases(shell: Shell, postgres_url: str, table: str) -> None:
+    """
+    An empty renewal batch needs no round trip; `watch` is a no-op; reprs
+    show no owner token; an expired deadline is a timeout before anything
+    is sent; libpq's own URL parameters pass through; made outside an
+    event loop, the async twin is the asyncio one.
+    """
+    import resilient
+
+    owner = OwnerToken()
+    key = LockKey.of("small")
+    assert list(shell.renew([])) == []
+    stop = shell.backend.watch(key, lambda: None)
+    stop()
+    query = _postgres.Statements(("t",), 1.0).acquire(key, owner, 1.0)
+    for text in (repr(shell.backend), repr(query)):
+        assert owner.hex not in text
+    with resilient.deadline(0), pytest.raises(LockBackendError) as info:
+        shell.acquire(key, owner, 1.0)
+    assert info.value.reason == "timeout"
+    url = with_query(postgres_url, table=table, application_name="locks")
+    backend = _postgres.sync_backend(
+        url.replace("postgresql:", "postgres:", 1)
+    )
+    assert isinstance(backend.acquire(key, owner, 1.0), Grant)
+    backend.close()
+    assert isinstance(
+        _postgres.async_backend(url), _postgres.AsyncPostgresBackend
+    )

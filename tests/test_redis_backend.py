@@ -623,3 +623,31 @@ def test_afenced_set_with_the_asyncio_client(
         return out
 
     assert asyncio.run(main()) == [True, False, True]
+
+
+def test_small_cases(shell: Shell, redis_url: str, namespace: str) -> None:
+    """
+    An empty renewal batch needs no round trip; `watch` is a no-op the
+    waiter can call; reprs show no owner token; no time left (an expired
+    deadline) is a timeout before anything is sent; the driver's own URL
+    parameters pass through; made outside an event loop, the async twin is
+    the asyncio one.
+    """
+    import resilient
+
+    owner = OwnerToken()
+    key = LockKey.of("small")
+    assert list(shell.renew([])) == []
+    stop = shell.backend.watch(key, lambda: None)
+    stop()
+    command = _redis.Commands("ns", 1.0).acquire(key, owner, 1.0)
+    for text in (repr(shell.backend), repr(command), repr(_redis.ACQUIRE)):
+        assert owner.hex not in text
+    with resilient.deadline(0), pytest.raises(LockBackendError) as info:
+        shell.acquire(key, owner, 1.0)
+    assert info.value.reason == "timeout"
+    url = with_query(redis_url, namespace=namespace, health_check_interval="5")
+    backend = _redis.sync_backend(url)
+    assert isinstance(backend.acquire(key, owner, 1.0), Grant)
+    backend.close()
+    assert isinstance(_redis.async_backend(url), _redis.AsyncRedisBackend)

@@ -439,10 +439,6 @@ class PostgresBackend:
     def __repr__(self) -> str:
         return f"PostgresBackend(table={'.'.join(self._options.table)!r})"
 
-    @property
-    def statements(self) -> Statements:
-        return self._sql
-
     def _connect(self, limit: float) -> _Connection:
         """A new connection, within *limit* seconds (in a helper thread,
         because libpq's own connect timeout is whole seconds, at least 2)."""

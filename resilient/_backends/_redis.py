@@ -406,10 +406,6 @@ class RedisBackend:
     def __repr__(self) -> str:
         return f"RedisBackend(namespace={self._commands.namespace!r})"
 
-    @property
-    def commands(self) -> Commands:
-        return self._commands
-
     def _run(self, command: Command) -> Any:
         if command.limit <= 0:
             raise _timed_out(command)
