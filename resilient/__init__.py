@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
+from resilient._backends import ReleaseResult
 from resilient._breaker import (
     BreakerPermit,
     BreakerState,
@@ -49,6 +50,8 @@ from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
+from resilient._fence import fence_guard, fenced_update
+from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
@@ -70,6 +73,8 @@ from resilient.exceptions import (
     ConfigTypeError,
     DeadlineExceeded,
     LockBackendError,
+    LockLost,
+    LockNotAcquired,
     ResilientError,
     ScopeCancelled,
     TimedOut,
@@ -101,9 +106,15 @@ __all__ = [
     "EqualJitter",
     "Exponential",
     "FullJitter",
+    "Lease",
+    "Lock",
     "LockBackendError",
+    "LockConfig",
+    "LockLost",
+    "LockNotAcquired",
     "MonotonicClock",
     "Policy",
+    "ReleaseResult",
     "ResilientError",
     "RetryBudget",
     "RetryBudgetConfig",
@@ -123,6 +134,9 @@ __all__ = [
     "deadline_from_header",
     "deadline_header",
     "default_retry_after",
+    "fence_guard",
+    "fenced_update",
+    "lock",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",

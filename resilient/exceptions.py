@@ -20,6 +20,8 @@ __all__ = [
     "ConfigTypeError",
     "DeadlineExceeded",
     "LockBackendError",
+    "LockLost",
+    "LockNotAcquired",
     "ResilientError",
     "ScopeCancelled",
     "TimedOut",
@@ -222,3 +224,90 @@ def _rebuild_backend_error(
     error = LockBackendError(scheme, reason, "", retryable=retryable)
     error.args = (text,)
     return error
+
+
+class LockNotAcquired(ResilientError):
+    """
+    A lock was not acquired: it was held and the caller could not wait (or
+    waited as long as allowed), or the store did not answer.
+
+    Not a failure of the dependency. Never carries the owner token.
+
+    Attributes:
+        name: The lock's name.
+        reason: ``"busy"`` (held, no wait allowed), ``"timeout"`` (the
+            lock's own wait ran out), ``"deadline"`` (the enclosing deadline
+            ended the wait) or ``"unavailable"`` (the store did not answer;
+            the store's error is the ``__cause__``).
+        waited: Seconds spent trying.
+        retry_after: Seconds until the holder's lease expires if it is not
+            renewed, when the store said (else 0.0): a hint, not a promise.
+    """
+
+    # TODO: subclass resilient.exceptions.Rejected once the pipeline branch
+    # lands it on main (COMMON.md contract), so retry outwaits it.
+
+    def __init__(
+        self,
+        name: str,
+        reason: str,
+        waited: float,
+        retry_after: float = 0.0,
+    ) -> None:
+        super().__init__(name, reason, waited, retry_after)
+        self.name = name
+        self.reason = reason
+        self.waited = waited
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        why = {
+            "busy": "it is held",
+            "timeout": "it is held and the wait timed out",
+            "deadline": "it is held and the deadline ran out",
+            "unavailable": "the lock store did not answer",
+        }.get(self.reason, self.reason)
+        return (
+            f"lock {self.name!r} not acquired: {why} "
+            f"(waited {self.waited:.3f} s)"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.name, self.reason, self.waited, self.retry_after),
+        )
+
+
+@final
+class LockLost(ResilientError):
+    """
+    A held lock's lease was lost: the store no longer had it (it expired,
+    or was deleted or taken), or it could not be renewed before it ran out
+    on the holder's clock. The work the lock protected must stop; what it
+    wrote with the lease's fencing token may be refused by the resource.
+
+    Raised by `Lease.checkpoint`, and by leaving the lock's block (unless
+    the block is already raising). Never carries the owner token.
+
+    Attributes:
+        name: The lock's name.
+        fence: The fencing token of the lost lease.
+        reason: ``"gone"`` (the store said it is not ours), ``"expired"``
+            (not renewed in time on our clock) or ``"forked"`` (this
+            process is a fork of the holder).
+    """
+
+    def __init__(self, name: str, fence: int, reason: str) -> None:
+        super().__init__(name, fence, reason)
+        self.name = name
+        self.fence = fence
+        self.reason = reason
+
+    def __str__(self) -> str:
+        why = {
+            "gone": "the store no longer holds it",
+            "expired": "it was not renewed before its lease ran out",
+            "forked": "this process is a fork of the holder",
+        }.get(self.reason, self.reason)
+        return f"lock {self.name!r} lost (fence {self.fence}): {why}"

@@ -1,0 +1,923 @@
+"""
+The lock's sync and async shells, and the lease they hand out.
+
+Both shells run the same machine (`resilient._lock._machine`): try, and
+while the lock is held wait for the backend's wake-up or the next backoff
+step, within the lock's own wait and the enclosing deadline. A grant
+becomes a `Lease` that the process's renewer for that backend keeps alive.
+The block runs inside a cancel scope that the lease's loss cancels.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import random
+import threading
+from typing import TYPE_CHECKING, Any, Final, TypeVar, Unpack, final
+
+import attrs
+
+from resilient import _timeout
+from resilient._backends import (
+    Busy,
+    Grant,
+    LockKey,
+    OwnerToken,
+    ReleaseResult,
+    async_backend,
+    check_url,
+    open_backend,
+)
+from resilient._core import _clock, _telemetry
+from resilient._core._decorate import decorate
+from resilient._lock._config import LockConfig, default_backend_url
+from resilient._lock._machine import (
+    Acquisition,
+    GiveUp,
+    LeaseRecord,
+    LeaseState,
+    Wait,
+    valid_until,
+)
+from resilient._lock._renewer import task_renewer, thread_renewer
+from resilient.exceptions import ConfigTypeError, LockLost, LockNotAcquired
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
+    from opentelemetry.trace import Span
+
+    from resilient._backends import AsyncLockBackend, LockBackend
+    from resilient._lock._config import LockKnobs
+    from resilient._lock._renewer import TaskRenewer, ThreadRenewer
+
+
+log: Final = logging.getLogger("resilient")
+
+F = TypeVar("F", bound="Callable[..., Any]")
+
+#: Longest wait for a release to be answered in async code, in seconds,
+#: shielded from the cancellation that may be ending the block.
+RELEASE_TIMEOUT: Final = 5.0
+
+_RNG: Final = random.Random()  # noqa: S311 - jitter, not secrets
+
+# (url, key digest) -> who holds it in this process: a thread id, or a
+# task ("task", id). Only to refuse a same-holder second acquire.
+_HOLDERS: dict[tuple[str, bytes], object] = {}
+_HOLDERS_LOCK = threading.Lock()
+
+# The leases `with` / `async with` entered in this context, innermost last.
+_ENTERED: contextvars.ContextVar[
+    tuple[tuple[Lock, Lease, _timeout.TimeoutScope], ...]
+] = contextvars.ContextVar("resilient_lock_entered", default=())
+
+
+def _me(library: str | None) -> object:
+    if library is None:
+        return threading.get_ident()
+    import anyio  # noqa: PLC0415
+
+    return ("task", anyio.get_current_task().id)
+
+
+def _claim(lock: Lock, me: object) -> None:
+    with _HOLDERS_LOCK:
+        if _HOLDERS.get((lock.url, lock.key.digest)) == me:
+            who = "thread" if isinstance(me, int) else "task"
+            raise RuntimeError(
+                f"lock {lock.key.shown!r} is already held by this {who}: "
+                "locks are not reentrant, and waiting for it here would "
+                "wait for ever"
+            )
+
+
+class _Telemetry:
+    """The span of one acquisition, from the first try to the release."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, key: LockKey, scheme: str) -> None:
+        self.span: Span | None = None
+        if _telemetry.disabled():
+            return
+        tracer, _ = _telemetry.TELEMETRY.resolve()
+        if tracer is not None:
+            self.span = tracer.start_span(
+                "resilient.lock",
+                attributes={
+                    "resilient.lock.name": key.shown,
+                    "resilient.lock.backend": scheme,
+                },
+            )
+
+    def acquired(self, fence: int, waited: float) -> None:
+        if self.span is not None:
+            self.span.set_attributes(
+                {
+                    "resilient.lock.fence": fence,
+                    "resilient.lock.waited": waited,
+                    "resilient.lock.outcome": "acquired",
+                }
+            )
+
+    def event(self, name: str, **attributes: str | float) -> None:
+        if self.span is not None:
+            self.span.add_event(f"resilient.lock.{name}", attributes)
+
+    def end(self, outcome: str | None = None, *, error: bool = False) -> None:
+        span, self.span = self.span, None
+        if span is None:
+            return
+        from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
+
+        if outcome is not None:
+            span.set_attribute("resilient.lock.outcome", outcome)
+        span.set_status(
+            Status(StatusCode.ERROR, outcome)
+            if error
+            else Status(StatusCode.OK)
+        )
+        span.end()
+
+
+@final
+class Lease:
+    """
+    A held lock: what ``with resilient.lock(...)`` gives.
+
+    The process's renewer keeps the lease alive while it is held. Check
+    `checkpoint` before each step that must not run without the lock, and
+    pass `token` to the resource so it can refuse stale writers
+    (`resilient.fenced_update`).
+
+    Never shows the owner token: not in its repr, its errors or its spans.
+
+    .. versionadded:: 26.11.0
+    """
+
+    __slots__ = (
+        "_backend",
+        "_holder",
+        "_library",
+        "_lock",
+        "_record",
+        "_released",
+        "_renewer",
+        "_telemetry",
+        "waited",
+    )
+
+    def __init__(
+        self,
+        lock: Lock,
+        record: LeaseRecord,
+        backend: LockBackend | AsyncLockBackend,
+        renewer: ThreadRenewer | TaskRenewer,
+        telemetry: _Telemetry,
+        holder: object,
+        waited: float,
+        library: str | None,
+    ) -> None:
+        self._lock = lock
+        self._record = record
+        self._backend = backend
+        self._renewer = renewer
+        self._telemetry = telemetry
+        self._holder = holder
+        self._library = library
+        self._released: ReleaseResult | None = None
+        self.waited = waited
+        """Seconds spent acquiring it."""
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else self._record.state.value
+        return (
+            f"<Lease {self._lock.key.shown!r} token={self.token} {state}, "
+            f"valid for {self.valid_for():.3f} s>"
+        )
+
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self._lock.name
+
+    @property
+    def token(self) -> int:
+        """
+        The fencing token: strictly greater than the token of every earlier
+        grant of this lock's name. Hand it to the resource with each write.
+        """
+        return self._record.fence
+
+    @property
+    def held(self) -> bool:
+        """Whether the lease is still ours (on our clock; not released)."""
+        return self._record.check(_clock.get_clock().now())
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was lost (not merely released)."""
+        self._record.check(_clock.get_clock().now())
+        return self._record.state is LeaseState.LOST
+
+    def valid_for(self) -> float:
+        """
+        Seconds the lease stays ours on our clock if no renewal succeeds
+        (0.0 once lost or released): the most any step may take.
+        """
+        if not self.held:
+            return 0.0
+        return max(self._record.valid_until - _clock.get_clock().now(), 0.0)
+
+    @property
+    def expires_in(self) -> float:
+        """`valid_for`, as a property."""
+        return self.valid_for()
+
+    def checkpoint(self) -> None:
+        """
+        Raise `LockLost` if the lease is gone; return if it is still ours.
+
+        Raises:
+            LockLost: The lease was lost (or released).
+        """
+        if not self.held:
+            raise self._lost_error()
+
+    def _lost_error(self) -> LockLost:
+        return LockLost(
+            self._lock.key.shown, self.token, self._record.reason or "released"
+        )
+
+    # -- renewing and releasing by hand ------------------------------------
+
+    def renew(self) -> bool:
+        """
+        Renew now, without waiting for the renewer (sync backends); whether
+        the store renewed it. A lease the store no longer has is lost.
+
+        Raises:
+            LockLost: The store said the lease is not ours.
+        """
+        backend: LockBackend = self._backend  # type: ignore[assignment]
+        self.checkpoint()
+        sent = _clock.get_clock().now()
+        ok = backend.renew([self._request()])
+        return self._renewed(sent, ok)
+
+    async def arenew(self) -> bool:
+        """`renew` for async code."""
+        backend: AsyncLockBackend = self._backend  # type: ignore[assignment]
+        self.checkpoint()
+        sent = _clock.get_clock().now()
+        ok = await backend.renew([self._request()])
+        return self._renewed(sent, ok)
+
+    def _request(self) -> Any:
+        from resilient._backends import Renewal  # noqa: PLC0415
+
+        return Renewal(
+            self._lock.key, self._record.owner, self._record.config.ttl
+        )
+
+    def _renewed(self, sent: float, ok: Any) -> bool:
+        if ok and ok[0]:
+            self._record.renewed(sent, self._record.config.ttl)
+            return True
+        self._record.lose("gone")
+        raise self._lost_error()
+
+    def _start(self) -> None:
+        """Record the holder and start renewing; `_let_go` undoes it."""
+        with _HOLDERS_LOCK:
+            _HOLDERS[self._lock.url, self._lock.key.digest] = self._holder
+        self._renewer.add(self._record)
+        self._telemetry.acquired(self.token, self.waited)
+
+    def _let_go(self) -> bool:
+        """
+        Stop renewing and forget the holder; whether a release should be
+        sent (not for a forked child's copy). Safe to repeat.
+        """
+        record = self._record
+        record.released()
+        self._renewer.remove(record)
+        with _HOLDERS_LOCK:
+            key = (self._lock.url, self._lock.key.digest)
+            if _HOLDERS.get(key) == self._holder:
+                del _HOLDERS[key]
+        return record.reason != "forked"
+
+    def _settled(self, result: ReleaseResult) -> ReleaseResult:
+        self._released = result
+        if result is ReleaseResult.UNKNOWN:
+            log.warning(
+                "lock %r: the release got no answer; the lease is left to "
+                "expire within %.3f s",
+                self._lock.key.shown,
+                self._record.config.ttl,
+            )
+            self._telemetry.event("release_unknown")
+        self._telemetry.end(
+            result.value, error=result is ReleaseResult.UNKNOWN
+        )
+        return result
+
+    def release(self) -> ReleaseResult:
+        """
+        Release the lock now (a compare-and-delete on our owner token);
+        leaving the block then does nothing more. Harmless to repeat: after
+        `ReleaseResult.UNKNOWN` (no answer) it sends the release again.
+
+        Never raises for a store that cannot be reached: the lease is left
+        to expire, a log line and a span event say so, and the result is
+        `ReleaseResult.UNKNOWN`.
+        """
+        if self._released not in {None, ReleaseResult.UNKNOWN}:
+            return self._released  # type: ignore[return-value]
+        if not self._let_go():
+            return self._settled(ReleaseResult.NOT_HELD)
+        backend: LockBackend = self._backend  # type: ignore[assignment]
+        try:
+            result = backend.release(self._lock.key, self._record.owner)
+        except Exception:  # noqa: BLE001 - no answer: left to expire
+            result = ReleaseResult.UNKNOWN
+        return self._settled(result)
+
+    async def arelease(self) -> ReleaseResult:
+        """
+        `release` for async code; shielded from cancellation and bounded by
+        `RELEASE_TIMEOUT` seconds.
+        """
+        import anyio  # noqa: PLC0415
+
+        if self._released not in {None, ReleaseResult.UNKNOWN}:
+            return self._released  # type: ignore[return-value]
+        if not self._let_go():
+            return self._settled(ReleaseResult.NOT_HELD)
+        backend: AsyncLockBackend = self._backend  # type: ignore[assignment]
+        result = ReleaseResult.UNKNOWN
+        try:
+            with anyio.move_on_after(RELEASE_TIMEOUT, shield=True):
+                result = await backend.release(
+                    self._lock.key, self._record.owner
+                )
+        except Exception:  # noqa: BLE001 - no answer: left to expire
+            result = ReleaseResult.UNKNOWN
+        return self._settled(result)
+
+
+def _make_lease(
+    lock: Lock,
+    config: LockConfig,
+    owner: OwnerToken,
+    grant: Grant,
+    sent: float,
+    acq: Acquisition,
+    backend: LockBackend | AsyncLockBackend,
+    renewer: ThreadRenewer | TaskRenewer,
+    telemetry: _Telemetry,
+    holder: object,
+    library: str | None,
+) -> Lease:
+    """The lease of a grant: plain objects, nothing started yet."""
+    now = _clock.get_clock().now()
+    record = LeaseRecord(
+        lock.key,
+        owner,
+        grant.fence,
+        config,
+        valid_until(config, sent, grant.ttl),
+        sent,
+    )
+    return Lease(
+        lock,
+        record,
+        backend,
+        renewer,
+        telemetry,
+        holder,
+        now - acq.start,
+        library,
+    )
+
+
+def _not_acquired(
+    lock: Lock,
+    acq: Acquisition,
+    reason: str,
+    busy: Busy | None,
+    telemetry: _Telemetry,
+    error: BaseException | None,
+) -> LockNotAcquired:
+    waited = _clock.get_clock().now() - acq.start
+    after = 0.0
+    if busy is not None and busy.expires_in is not None:
+        after = max(busy.expires_in, 0.0)
+    telemetry.end(reason, error=True)
+    exc = LockNotAcquired(lock.key.shown, reason, waited, after)
+    exc.__cause__ = error
+    return exc
+
+
+def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
+    """
+    The sync shell: try, wait, try again; a lease or LockNotAcquired. The
+    lease is appended to *out* before anything starts, so that a caller's
+    ``except BaseException`` can release it whatever line was interrupted.
+    """
+    clock = _clock.get_clock()
+    if config.wait > 0 and _timeout._async_library() is not None:  # noqa: SLF001
+        raise RuntimeError(
+            f"lock {lock.key.shown!r}: a blocking acquire would block the "
+            "event loop; use `async with` (or `await lock.aacquire()`)"
+        )
+    holder = _me(None)
+    _claim(lock, holder)
+    backend = open_backend(lock.url)
+    renewer = thread_renewer(backend)
+    telemetry = _Telemetry(lock.key, backend.scheme)
+    owner = OwnerToken()
+    acq = Acquisition(config, clock.now(), _clock.current_deadline(), _RNG)
+    woken: threading.Event | None = None  # Made only if we must wait.
+    stop: Callable[[], None] | None = None
+    sent_any = False
+    busy: Busy | None = None
+    error: BaseException | None = None
+    try:
+        while True:
+            sent = clock.now()
+            sent_any = True
+            try:
+                answer = backend.acquire(lock.key, owner, config.ttl)
+            except Exception as exc:  # noqa: BLE001 - no answer: retried
+                error = exc
+                step = acq.failed(clock.now())
+            else:
+                error = None
+                if isinstance(answer, Grant):
+                    if acq.granted(sent, clock.now(), answer):
+                        lease = _make_lease(
+                            lock,
+                            config,
+                            owner,
+                            answer,
+                            sent,
+                            acq,
+                            backend,
+                            renewer,
+                            telemetry,
+                            holder,
+                            None,
+                        )
+                        out.append(lease)
+                        lease._start()  # noqa: SLF001
+                        return lease
+                    backend.release(lock.key, owner)  # came too late
+                    answer = Busy(None)
+                busy = answer
+                step = acq.busy(clock.now(), answer)
+                if stop is None and isinstance(step, Wait):
+                    # Watch, then look once more at once: a release between
+                    # the try and the watch would otherwise go unseen.
+                    woken = threading.Event()
+                    stop = backend.watch(lock.key, woken.set)
+                    continue
+            if isinstance(step, GiveUp):
+                if error is not None:
+                    _compensate(backend, lock.key, owner)
+                raise _not_acquired(
+                    lock, acq, step.reason, busy, telemetry, error
+                )
+            _sync_wait(woken, step.seconds)
+    except BaseException:
+        # An interrupt (or any error) after a request left: the store may
+        # have granted it. Compare-and-delete on our token is harmless.
+        if out:
+            out[-1].release()
+        elif sent_any:
+            _compensate(backend, lock.key, owner)
+            telemetry.end("interrupted", error=True)
+        raise
+    finally:
+        if stop is not None:
+            stop()
+
+
+def _compensate(backend: LockBackend, key: LockKey, owner: OwnerToken) -> None:
+    try:
+        backend.release(key, owner)
+    except Exception:  # noqa: BLE001 - best effort: the lease expires
+        log.debug("lock %r: compensating release got no answer", key.shown)
+
+
+def _sync_wait(woken: threading.Event | None, seconds: float) -> None:
+    """Wait up to *seconds* for a wake-up, honouring the cancel scope."""
+    clock = _clock.get_clock()
+    if woken is None:
+        woken = threading.Event()
+    if clock is not _clock.DEFAULT_CLOCK:
+        clock.sleep(seconds)  # Virtual time: the clock must move.
+        woken.clear()
+        return
+    with _timeout.wake_on_cancel(woken.set):
+        _timeout.check_scope()
+        woken.wait(seconds)
+    woken.clear()
+    _timeout.check_scope()
+
+
+async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
+    """The async shell: the same steps as `_acquire`, awaited."""
+    import anyio  # noqa: PLC0415
+
+    clock = _clock.get_clock()
+    library = _timeout._async_library() or "asyncio"  # noqa: SLF001
+    holder = _me(library)
+    _claim(lock, holder)
+    loop = _loop_token(library)
+    backend = async_backend(lock.url, loop)
+    renewer = task_renewer(backend, library)
+    telemetry = _Telemetry(lock.key, backend.scheme)
+    owner = OwnerToken()
+    acq = Acquisition(config, clock.now(), _clock.current_deadline(), _RNG)
+    call = _timeout._loop_caller(library)  # noqa: SLF001
+    events: list[anyio.Event] = [anyio.Event()]
+
+    def notify() -> None:
+        try:
+            call(events[-1].set)
+        except RuntimeError:  # pragma: no cover - the loop is gone
+            pass
+
+    stop: Callable[[], None] | None = None
+    sent_any = False
+    busy: Busy | None = None
+    error: BaseException | None = None
+    try:
+        while True:
+            sent = clock.now()
+            sent_any = True
+            try:
+                answer = await backend.acquire(lock.key, owner, config.ttl)
+            except Exception as exc:  # noqa: BLE001 - no answer: retried
+                error = exc
+                step = acq.failed(clock.now())
+            else:
+                error = None
+                if isinstance(answer, Grant):
+                    if acq.granted(sent, clock.now(), answer):
+                        lease = _make_lease(
+                            lock,
+                            config,
+                            owner,
+                            answer,
+                            sent,
+                            acq,
+                            backend,
+                            renewer,
+                            telemetry,
+                            holder,
+                            library,
+                        )
+                        out.append(lease)
+                        lease._start()  # noqa: SLF001
+                        return lease
+                    await _acompensate(backend, lock.key, owner)
+                    answer = Busy(None)
+                busy = answer
+                step = acq.busy(clock.now(), answer)
+                if stop is None and isinstance(step, Wait):
+                    stop = backend.watch(lock.key, notify)
+                    continue
+            if isinstance(step, GiveUp):
+                if error is not None:
+                    await _acompensate(backend, lock.key, owner)
+                raise _not_acquired(
+                    lock, acq, step.reason, busy, telemetry, error
+                )
+            if clock is not _clock.DEFAULT_CLOCK:
+                await clock.asleep(step.seconds)
+            else:
+                with anyio.move_on_after(step.seconds):
+                    await events[-1].wait()
+            events.append(anyio.Event())
+            del events[0]
+    except BaseException:
+        if out:
+            await out[-1].arelease()
+        elif sent_any:
+            await _acompensate(backend, lock.key, owner)
+            telemetry.end("interrupted", error=True)
+        raise
+    finally:
+        if stop is not None:
+            stop()
+
+
+async def _acompensate(
+    backend: AsyncLockBackend, key: LockKey, owner: OwnerToken
+) -> None:
+    import anyio  # noqa: PLC0415
+
+    try:
+        with anyio.move_on_after(RELEASE_TIMEOUT, shield=True):
+            await backend.release(key, owner)
+    except Exception:  # noqa: BLE001 - best effort: the lease expires
+        log.debug("lock %r: compensating release got no answer", key.shown)
+
+
+def _loop_token(library: str) -> object:
+    if library == "trio":
+        import trio  # noqa: PLC0415
+
+        return trio.lowlevel.current_trio_token()
+    import asyncio  # noqa: PLC0415
+
+    return asyncio.get_running_loop()
+
+
+@final
+class Lock:
+    """
+    A named lock on a lease store: enter it with ``with`` or ``async
+    with``, or decorate a function with it. Made by `resilient.lock`.
+
+    Entering waits for the lock (within its ``timeout`` and the enclosing
+    deadline), then runs the block as the lease's holder, renewed by the
+    process's renewer. If the lease is lost, the block is stopped: in async
+    code it is cancelled and `LockLost` comes out of ``async with``; in sync
+    code every wait of the library in it wakes, `Lease.checkpoint` raises
+    `LockLost`, and leaving the block raises `LockLost` unless the block is
+    already raising. Leaving releases the lease (also on errors and
+    cancellation).
+
+    Not reentrant: entering a lock the same thread or task already holds
+    raises `RuntimeError` rather than waiting for ever. One `Lock` may be
+    entered by many threads and tasks at once; each gets its own lease in
+    turn.
+
+    .. versionadded:: 26.11.0
+    """
+
+    __slots__ = ("config", "key", "url")
+
+    def __init__(self, name: str, config: LockConfig) -> None:
+        if not isinstance(name, str):
+            raise ConfigTypeError("lock(name)", name, "must be a str")
+        if not isinstance(config, LockConfig):
+            raise ConfigTypeError(
+                "lock(config)", config, "must be a LockConfig"
+            )
+        self.key = LockKey.of(name)
+        self.config = config
+        self.url = config.backend or default_backend_url()
+        check_url(self.url, "lock(backend)")
+
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self.key.name
+
+    def __repr__(self) -> str:
+        scheme = self.url.partition("://")[0]
+        return (
+            f"<Lock {self.key.shown!r} on {scheme}:// ttl={self.config.ttl:g}>"
+        )
+
+    def _config(
+        self, blocking: bool | None, timeout: float | None | object
+    ) -> LockConfig:
+        changes: dict[str, Any] = {}
+        if blocking is not None:
+            changes["blocking"] = blocking
+        if timeout is not _DEFAULT:
+            changes["timeout"] = timeout
+        return attrs.evolve(self.config, **changes) if changes else self.config
+
+    def acquire(
+        self,
+        *,
+        blocking: bool | None = None,
+        timeout: float | None | object = None,
+    ) -> Lease:
+        """
+        Acquire the lock and return its lease; release it with
+        `Lease.release` (or use ``with``, which does).
+
+        Args:
+            blocking: False tries once; None (the default) is the lock's
+                own setting.
+            timeout: Seconds to wait; by default the lock's own.
+
+        Raises:
+            LockNotAcquired: Held past the wait, or the store did not answer.
+            RuntimeError: This thread holds it already, or the call would
+                block an event loop.
+        """
+        return _acquire(self, self._config(blocking, _or_default(timeout)), [])
+
+    def acquire_nowait(self) -> Lease:
+        """Acquire the lock if it is free, else raise `LockNotAcquired`."""
+        return _acquire(self, self._config(False, _DEFAULT), [])
+
+    async def aacquire(
+        self,
+        *,
+        blocking: bool | None = None,
+        timeout: float | None | object = None,
+    ) -> Lease:
+        """`acquire` for async code (asyncio or trio)."""
+        return await _aacquire(
+            self, self._config(blocking, _or_default(timeout)), []
+        )
+
+    # -- with / async with -------------------------------------------------
+
+    def __enter__(self) -> Lease:
+        out: list[Lease] = []
+        scope: _timeout.TimeoutScope | None = None
+        try:
+            lease = _acquire(self, self.config, out)
+            scope = _timeout.TimeoutScope(
+                seconds=None, at=None, interrupt=False
+            )
+            _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
+            scope.__enter__()
+            lease._record.on_lost(scope.cancel)  # noqa: SLF001
+        except BaseException:
+            self._forget(out)
+            if scope is not None and scope._state == "entered":  # noqa: SLF001
+                scope.__exit__(None, None, None)
+            if out:
+                out[0].release()
+            raise
+        return lease
+
+    def _top(self) -> tuple[Lease, _timeout.TimeoutScope]:
+        for lock, lease, scope in reversed(_ENTERED.get()):
+            if lock is self:
+                return lease, scope
+        raise RuntimeError(f"{self!r} was not entered in this context")
+
+    def _forget(self, leases: list[Lease]) -> None:
+        entered = _ENTERED.get()
+        for i in range(len(entered) - 1, -1, -1):
+            if entered[i][0] is self and entered[i][1] in leases:
+                _ENTERED.set(entered[:i] + entered[i + 1 :])
+                return
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        lease, scope = self._top()
+        swallowed = False
+        lost = False
+        try:
+            swallowed = scope.__exit__(exc_type, exc, tb)
+        finally:
+            try:
+                lost = lease.lost
+                lease.release()
+            finally:
+                self._forget([lease])
+        return _outcome(lease, exc, swallowed, lost)
+
+    async def __aenter__(self) -> Lease:
+        out: list[Lease] = []
+        scope: _timeout.TimeoutScope | None = None
+        try:
+            lease = await _aacquire(self, self.config, out)
+            scope = _timeout.TimeoutScope(
+                seconds=None, at=None, interrupt=False
+            )
+            _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
+            await scope.__aenter__()
+            lease._record.on_lost(scope.cancel)  # noqa: SLF001
+        except BaseException:
+            self._forget(out)
+            if scope is not None and scope._state == "entered":  # noqa: SLF001
+                await scope.__aexit__(None, None, None)
+            if out:
+                await out[0].arelease()
+            raise
+        return lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        lease, scope = self._top()
+        swallowed = False
+        lost = False
+        try:
+            swallowed = await scope.__aexit__(exc_type, exc, tb)
+        finally:
+            try:
+                lost = lease.lost
+                await lease.arelease()
+            finally:
+                self._forget([lease])
+        return _outcome(lease, exc, swallowed, lost)
+
+    # -- as a decorator ----------------------------------------------------
+
+    def __call__(self, fn: F) -> F:
+        """
+        Run each call of *fn* (sync or async) holding the lock.
+        """
+
+        def sync_shell(
+            fn: Callable[..., Any],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        async def async_shell(
+            fn: Callable[..., Any],
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+        ) -> Any:
+            async with self:
+                return await fn(*args, **kwargs)
+
+        return decorate(fn, sync_shell, async_shell)
+
+
+_DEFAULT: Final = object()
+
+
+def _or_default(timeout: object) -> object:
+    return _DEFAULT if timeout is None else timeout
+
+
+def _outcome(
+    lease: Lease, exc: BaseException | None, swallowed: bool, lost: bool
+) -> bool:
+    """After the block: raise LockLost, or let the block's own exception be."""
+    if not lost:
+        return swallowed
+    error = lease._lost_error()  # noqa: SLF001
+    if exc is None or swallowed:
+        raise error from exc
+    if isinstance(exc, BaseException) and not isinstance(exc, LockLost):
+        exc.add_note(f"while the block ran, {error}")
+    return False
+
+
+def lock(
+    name: str,
+    /,
+    *,
+    config: LockConfig | None = None,
+    **knobs: Unpack[LockKnobs],
+) -> Lock:
+    """
+    A distributed lock named *name*, held as a lease with a fencing token.
+
+    Use it as ``with``, ``async with`` or a decorator::
+
+        with resilient.lock("nightly-report", ttl=60) as lease:
+            write_report(fence=lease.token)
+
+        @resilient.lock("nightly-report")
+        def nightly_report() -> None: ...
+
+    Without ``backend`` it uses ``$RESILIENT_LOCK_URL`` or the embedded
+    SQLite file in a per-user directory (no server needed).
+
+    Args:
+        name: Any `str`, of any content and length (it is hashed).
+        config: A `LockConfig` to start from.
+        **knobs: `LockConfig` fields (``backend``, ``ttl``,
+            ``renew_interval``, ``drift``, ``timeout``, ``blocking``,
+            ``backoff``), applied over *config*.
+
+    Raises:
+        ConfigError: A bad setting, or a backend URL whose scheme is unknown
+            or whose driver is missing (the message names the extra).
+
+    .. versionadded:: 26.11.0
+    """
+    base = LockConfig() if config is None else config
+    if knobs:
+        base = (
+            LockConfig(**knobs)
+            if config is None
+            else attrs.evolve(base, **knobs)
+        )
+    return Lock(name, base)
+
+
+__all__ = ["Lease", "Lock", "LockConfig", "lock"]
