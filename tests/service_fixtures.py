@@ -8,8 +8,8 @@ DATABASE_URL. ``redis_server`` / ``postgres_server``: a fresh throwaway
 server per test, for tests that kill, pause or restart it (never a shared
 one). Without binary or URL a test skips, or fails under
 RESILIENT_REQUIRE_SERVICES (CI), saying why; and under that variable a run
-in which any test marked ``redis`` or ``postgres`` (or skipped for a
-missing service) was skipped fails at the end.
+in which any test was skipped for a reason that names a service (Redis,
+PostgreSQL, their URLs or binaries) fails at the end.
 """
 
 from __future__ import annotations
@@ -187,17 +187,13 @@ _skipped_for_services: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Note every skip of a test that needs a server."""
+    """Note every skip whose reason names a service."""
     if not report.skipped or "xfail" in report.keywords:
         return
     reason = (
         str(report.longrepr[-1]) if isinstance(report.longrepr, tuple) else ""
     )
-    if (
-        "redis" in report.keywords
-        or "postgres" in report.keywords
-        or _SERVICE_WORDS.search(reason)
-    ):
+    if _SERVICE_WORDS.search(reason):
         _skipped_for_services.append(f"{report.nodeid}: {reason}")
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -27,6 +29,7 @@ from resilient._backends import (
 from resilient.exceptions import ConfigError, LockBackendError
 from tests.backend_shells import Shell, open_shell
 from tests.faultproxy import FaultProxy
+from tests.lock_contract import BackendContract
 from tests.service_fixtures import RUN_ID, with_query
 from tests.services import PostgresServer
 
@@ -136,6 +139,15 @@ def test_sweep_folds_fences_into_the_floor(
     """
     monkeypatch.setattr(_postgres, "SWEEP_AFTER", "0 seconds")
     monkeypatch.setattr(_postgres, "SWEEP_EVERY", 0.0)
+    connects = []
+    for cls in (_postgres._Connection, _postgres._AsyncConnection):
+        original = cls.connect
+
+        def counted(*a: object, _original: Any = original, **k: object) -> Any:
+            connects.append(1)
+            return _original(*a, **k)
+
+        monkeypatch.setattr(cls, "connect", counted)
     url = with_query(postgres_url, table=table)
     with open_shell("_postgres", url, colour) as shell:
         fences = []
@@ -149,6 +161,8 @@ def test_sweep_folds_fences_into_the_floor(
         shell.release(LockKey.of("nothing"), OwnerToken())  # sweeps
         rows = raw.execute(f"SELECT key, fence FROM {table}").fetchall()  # noqa: S608
         assert rows == [(b"", max(fences))]
+        # A sweep keeps its connection (21 releases, each with a sweep).
+        assert len(connects) <= 2
         future = (int(time.time()) + 10**6) * 10**6
         raw.execute(f"UPDATE {table} SET fence = %s", (future,))  # noqa: S608
         again = shell.acquire(LockKey.of("swept-3"), OwnerToken(), 1.0)
@@ -468,3 +482,52 @@ def test_small_cases(shell: Shell, postgres_url: str, table: str) -> None:
     assert isinstance(
         _postgres.async_backend(url), _postgres.AsyncPostgresBackend
     )
+
+
+# The backend contract (tests/lock_contract.py) ----------------------------
+
+
+class TestPostgresContract(BackendContract):
+    """``postgresql://``: the contract every backend keeps."""
+
+    watches = False  # waiters look again on their backoff
+
+    @pytest.fixture
+    def lock_backend_url(self, postgres_url: str) -> str:
+        return with_query(postgres_url, table=f"c{uuid.uuid4().hex}")
+
+    @pytest.fixture
+    def delete_lease(
+        self, raw: psycopg.Connection
+    ) -> Callable[[str, LockKey], None]:
+        def delete(url: str, key: LockKey) -> None:
+            table = url.rsplit("table=", 1)[1]
+            gone = raw.execute(
+                f"DELETE FROM {table} WHERE key = %s",  # noqa: S608
+                (key.digest,),
+            ).rowcount
+            assert gone == 1
+
+        return delete
+
+    @pytest.fixture
+    def count_rows(
+        self, raw: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+    ) -> Callable[[str], int]:
+        # Free rows wait for the sweep (a minute by default): sweep at every
+        # release here, as the store settles; the floor row is not a lease.
+        monkeypatch.setattr(_postgres, "SWEEP_AFTER", "0 seconds")
+        monkeypatch.setattr(_postgres, "SWEEP_EVERY", 0.0)
+
+        def count(url: str) -> int:
+            table = url.rsplit("table=", 1)[1]
+            try:
+                row = raw.execute(
+                    f"SELECT count(*) FROM {table} WHERE key <> ''::bytea"  # noqa: S608
+                ).fetchone()
+            except psycopg.errors.UndefinedTable:
+                return 0
+            assert row is not None
+            return int(row[0])
+
+        return count

@@ -11,6 +11,7 @@ import contextlib
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -28,6 +29,7 @@ from resilient._backends import (
 from resilient.exceptions import ConfigError, LockBackendError
 from tests.backend_shells import Shell, open_shell
 from tests.faultproxy import FaultProxy
+from tests.lock_contract import BackendContract
 from tests.service_fixtures import RUN_ID, with_query
 from tests.services import RedisServer
 
@@ -651,3 +653,39 @@ def test_small_cases(shell: Shell, redis_url: str, namespace: str) -> None:
     assert isinstance(backend.acquire(key, owner, 1.0), Grant)
     backend.close()
     assert isinstance(_redis.async_backend(url), _redis.AsyncRedisBackend)
+
+
+# The backend contract (tests/lock_contract.py) ----------------------------
+
+
+class TestRedisContract(BackendContract):
+    """``redis://``: the contract every backend keeps."""
+
+    watches = False  # waiters look again on their backoff
+
+    @pytest.fixture
+    def lock_backend_url(self, redis_url: str) -> str:
+        return with_query(redis_url, namespace=f"c{uuid.uuid4().hex}")
+
+    @pytest.fixture
+    def delete_lease(self, raw: redis.Redis) -> Callable[[str, LockKey], None]:
+        def delete(url: str, key: LockKey) -> None:
+            namespace = url.rsplit("namespace=", 1)[1]
+            assert raw.delete(f"{namespace}:lock:{{{key.hex}}}") == 1
+
+        return delete
+
+    @pytest.fixture
+    def count_rows(
+        self, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> Callable[[str], int]:
+        # A released lease keeps its fence for TOMBSTONE_MS: count after
+        # that (shortened here), as the store would settle.
+        monkeypatch.setattr(_redis, "TOMBSTONE_MS", 10)
+
+        def count(url: str) -> int:
+            time.sleep(0.05)
+            namespace = url.rsplit("namespace=", 1)[1]
+            return len(list(raw.scan_iter(f"{namespace}:*", count=1000)))
+
+        return count

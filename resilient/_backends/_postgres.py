@@ -179,7 +179,8 @@ WITH gone AS (
 INSERT INTO {table} AS t (key, owner, fence, expires_at)
 SELECT ''::bytea, NULL, max(fence), 'infinity' FROM gone
 HAVING count(*) > 0
-ON CONFLICT (key) DO UPDATE SET fence = greatest(t.fence, excluded.fence)"""
+ON CONFLICT (key) DO UPDATE SET fence = greatest(t.fence, excluded.fence)
+RETURNING t.fence"""
 
 # SQLSTATEs (or their two-character classes) worth trying again.
 _RETRYABLE_STATES: Final = frozenset(
