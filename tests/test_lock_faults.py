@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -127,6 +128,8 @@ def test_killed_holder_is_replaced(
         proc.kill()
         killed = time.monotonic()
         proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
         with lock as lease:
             took = time.monotonic() - killed
             assert lease.token > token
@@ -174,17 +177,29 @@ def test_server_fault_mid_lease(
     kind: str, fault: str, request: pytest.FixtureRequest
 ) -> None:
     """
-    Killing, freezing or restarting the server under a held lease: the
-    holder's checkpoint raises LockLost within TTL + a renewal interval
-    (+ 200 ms) of the fault (never later than its validity allows), leaving
-    the block raises LockLost, and an acquire while the server is away ends
-    within its wait with LockNotAcquired, never a false grant.
+    Killing, freezing or restarting (with its data lost) the server under
+    a held lease: the holder's checkpoint raises LockLost within TTL + a
+    renewal interval (+ 200 ms) of the fault, leaving the block raises
+    LockLost, and an acquire while the server is away ends with
+    LockNotAcquired (never a false grant) within its wait plus the limits
+    of its last try and of its compensating release. PostgreSQL keeps its
+    leases over a restart: there the holder keeps the lease.
     """
     url, server = _server_url(request, kind)
     lock = resilient.lock(
         f"mid-lease-{fault}", backend=url, ttl=TTL, timeout=0.3
     )
     undo: Callable[[], None] = lambda: None  # noqa: E731
+    if kind == "postgres" and fault == "restart":
+        # The lease table is durable: a quick restart loses nothing, the
+        # renewals resume and the holder keeps its lease.
+        with lock as lease:
+            server.restart()
+            for _ in range(int(3 * TTL / 0.005)):
+                lease.checkpoint()
+                time.sleep(0.005)
+            assert lease.held
+        return
     try:
         with pytest.raises(LockLost), lock as lease:
             undo = _fault(fault, server)
@@ -203,7 +218,9 @@ def test_server_fault_mid_lease(
                 with pytest.raises(LockNotAcquired) as info:
                     other.acquire()
                 assert info.value.reason == "unavailable"
-                assert time.monotonic() - start <= 0.3 + 0.5 + 0.2
+                # The wait, the last try's limit (the TTL) and the
+                # compensating release's limit (the URL's timeout).
+                assert time.monotonic() - start <= 0.3 + TTL + 0.5 + 0.2
     finally:
         undo()
 
@@ -228,6 +245,24 @@ async def test_killed_redis_cancels_the_async_block(
             start = time.monotonic()
             await anyio.sleep(10)
     assert time.monotonic() - start <= TTL + RENEW + 0.2
+
+
+def _held_elsewhere(name: str, url: str) -> bool:
+    """Whether another thread finds the lock held (it may not wait)."""
+    held: list[bool] = []
+
+    def probe() -> None:
+        rival = resilient.lock(name, backend=url, ttl=1.0, blocking=False)
+        try:
+            with rival:
+                held.append(False)
+        except LockNotAcquired:
+            held.append(True)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join(10)
+    return held == [True]
 
 
 # Lost and late replies through the proxy -------------------------------------
@@ -267,11 +302,7 @@ def test_lost_reply_to_a_grant_is_recognised(
             assert time.monotonic() - start < 1.0
             assert proxy.dropped_replies == 1
             assert lease.token > 0
-            rival = resilient.lock(
-                "lost-reply", backend=url, ttl=5.0, blocking=False
-            )
-            with pytest.raises(LockNotAcquired):
-                rival.acquire()
+            assert _held_elsewhere("lost-reply", url)
 
 
 @pytest.mark.parametrize(
@@ -307,6 +338,4 @@ def test_reply_after_validity_is_not_a_grant(
             lock.acquire()
         proxy.latency = 0.0
         time.sleep(TTL)
-        again = resilient.lock("late", backend=url, ttl=TTL, blocking=False)
-        with again as lease:
-            assert lease.token > 0
+        assert not _held_elsewhere("late", url)

@@ -389,6 +389,18 @@ def _timed_out(command: Command) -> LockBackendError:
 _POOL_OPTIONS: Final = ("socket_timeout", "socket_connect_timeout")
 
 
+def _bound_handshake(pool: Any, limit: float) -> None:
+    """
+    Give a connection the pool makes for this call no more than *limit*
+    for its connect and handshake (its later reads get their own limit).
+    Shared by the pool's threads: a racing call may use another's limit,
+    which is at most the URL's timeout either way.
+    """
+    kwargs = pool.connection_kwargs
+    for option in _POOL_OPTIONS:
+        kwargs[option] = limit
+
+
 @final
 class RedisBackend:
     """`LockBackend` on redis-py's sync client (one connection pool)."""
@@ -409,6 +421,7 @@ class RedisBackend:
     def _run(self, command: Command) -> Any:
         if command.limit <= 0:
             raise _timed_out(command)
+        _bound_handshake(self._pool, command.limit)
         try:
             conn: Any = self._pool.get_connection()
         except (rx.RedisError, OSError) as exc:
@@ -481,6 +494,7 @@ class AsyncRedisBackend:
             raise _timed_out(command)
         conn: Any = None
         done = False
+        _bound_handshake(self._pool, command.limit)
         try:
             with anyio.fail_after(command.limit):
                 conn = await self._pool.get_connection()
