@@ -52,6 +52,11 @@ from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
 from resilient._fence import fence_guard, fenced_update
 from resilient._lock import Lease, Lock, LockConfig, lock
+from resilient._core._transient import (
+    DependencyFailure,
+    Transient,
+    http_status,
+)
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
@@ -103,6 +108,7 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "DecorrelatedJitter",
+    "DependencyFailure",
     "EqualJitter",
     "Exponential",
     "FullJitter",
@@ -126,6 +132,7 @@ __all__ = [
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
+    "Transient",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -137,6 +144,7 @@ __all__ = [
     "fence_guard",
     "fenced_update",
     "lock",
+    "http_status",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",

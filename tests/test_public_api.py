@@ -25,6 +25,7 @@ import resilient
 PUBLIC_MODULES = (
     "resilient",
     "resilient.exceptions",
+    "resilient.http",
     "resilient.testing",
     "resilient.typing",
 )

@@ -1,0 +1,455 @@
+"""
+What is transient: one classifier says whether an error is worth another
+try (retry) and whether it means the dependency is failing (breaker).
+
+It knows the errors of the clients people call (httpx, requests and
+urllib3, aiohttp, redis-py, psycopg and psycopg2, asyncpg) by the names of
+their classes, without importing any of them: a class matches when its
+top-level package and name appear anywhere in the exception's MRO, so
+subclasses (`httpx.ReadTimeout` of `httpx.TimeoutException`) match too.
+HTTP status errors are judged by their response's status code, database
+errors by their SQLSTATE, and an exception group by its leaves.
+"""
+
+from __future__ import annotations
+
+import http.client
+from typing import TYPE_CHECKING, Any, Final, final
+
+import attrs
+
+from resilient._core._validate import field_name
+from resilient.exceptions import ConfigError, ConfigTypeError
+
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+
+# (top-level package, class name) pairs. "builtins" stands for the
+# standard library's own classes, matched by identity below instead.
+_TRANSPORT: Final = frozenset(
+    {
+        # httpx: transport errors (connect, read, write, pool timeouts;
+        # network errors; the server breaking the protocol).
+        ("httpx", "TimeoutException"),
+        ("httpx", "NetworkError"),
+        ("httpx", "RemoteProtocolError"),
+        ("httpcore", "TimeoutException"),
+        ("httpcore", "NetworkError"),
+        ("httpcore", "RemoteProtocolError"),
+        # requests and urllib3.
+        ("requests", "ConnectionError"),
+        ("requests", "Timeout"),
+        ("requests", "ChunkedEncodingError"),
+        ("urllib3", "ProtocolError"),
+        ("urllib3", "NewConnectionError"),
+        ("urllib3", "TimeoutError"),
+        ("urllib3", "IncompleteRead"),
+        # aiohttp.
+        ("aiohttp", "ClientConnectionError"),
+        ("aiohttp", "ClientPayloadError"),
+        ("aiohttp", "ServerTimeoutError"),
+        # redis-py (sync and asyncio share the classes).
+        ("redis", "ConnectionError"),
+        ("redis", "TimeoutError"),
+        ("redis", "BusyLoadingError"),
+        ("redis", "TryAgainError"),
+        ("redis", "ClusterDownError"),
+        ("redis", "MasterDownError"),
+        ("redis", "ReadOnlyError"),
+        # PostgreSQL drivers: connection-level errors (SQLSTATE checked
+        # below when the server sent one).
+        ("psycopg", "OperationalError"),
+        ("psycopg2", "OperationalError"),
+        ("asyncpg", "PostgresConnectionError"),
+        ("asyncpg", "ConnectionDoesNotExistError"),
+    }
+)
+
+# Subclasses of the above that are not transient: a certificate or an
+# authentication failure does not heal by itself.
+_NEVER: Final = frozenset(
+    {
+        ("requests", "SSLError"),
+        ("requests", "InvalidURL"),
+        ("urllib3", "SSLError"),
+        ("urllib3", "LocationParseError"),
+        ("aiohttp", "ClientSSLError"),
+        ("aiohttp", "ClientConnectorCertificateError"),
+        ("aiohttp", "InvalidURL"),
+        ("redis", "AuthenticationError"),
+        ("redis", "AuthorizationError"),
+        ("redis", "AuthenticationWrongNumberOfArgsError"),
+        ("asyncpg", "InvalidAuthorizationSpecificationError"),
+    }
+)
+
+_BUILTIN: Final = (ConnectionError, TimeoutError, http.client.IncompleteRead)
+
+# Errors raised before a request left the client: retrying them cannot
+# repeat a side effect, whatever the method.
+_NOT_SENT: Final = frozenset(
+    {
+        ("httpx", "ConnectError"),
+        ("httpx", "ConnectTimeout"),
+        ("httpx", "PoolTimeout"),
+        ("requests", "ConnectTimeout"),
+        ("urllib3", "NewConnectionError"),
+        ("urllib3", "ConnectTimeoutError"),
+        ("aiohttp", "ClientConnectorError"),
+        ("builtins", "ConnectionRefusedError"),
+    }
+)
+
+IDEMPOTENT_METHODS: Final = frozenset(
+    {"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"}
+)
+"""HTTP methods that RFC 9110 defines as idempotent: retried freely."""
+
+# Statuses that say the server did not act on the request.
+_NOT_PROCESSED: Final = frozenset({429, 503})
+
+DEFAULT_STATUSES: Final = frozenset({429, 502, 503, 504})
+"""HTTP statuses retried by default: too many requests, bad gateway,
+service unavailable, gateway timeout. 500 is left out on purpose: it is as
+often a bug that fails the same way again as an overloaded server."""
+
+FAILURE_STATUSES: Final = frozenset({429, *range(500, 600)})
+"""HTTP statuses a breaker counts as the dependency failing: 429 and 5xx."""
+
+# SQLSTATE codes worth another try: connection exceptions (class 08),
+# serialization failures and deadlocks (retry the transaction), operator
+# intervention (shutdowns, "cannot connect now", statement timeouts), too
+# many connections.
+_SQLSTATE_RETRY: Final = frozenset(
+    {"40001", "40P01", "57P01", "57P02", "57P03", "57014", "53300"}
+)
+_SQLSTATE_FAILURE: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+_MAX_CACHED_TYPES: Final = 4096
+_type_cache: dict[type, int] = {}
+
+_NO: Final = 0
+_TRANSPORT_ERROR: Final = 1
+_SQL: Final = 2
+_WRAPPER: Final = 3
+
+
+def _kind(cls: type) -> int:
+    """What the classes of *cls*'s MRO say (cached per type)."""
+    kind = _type_cache.get(cls)
+    if kind is not None:
+        return kind
+    keys = _keys(cls)
+    if keys & _NEVER:
+        kind = _NO
+    elif ("urllib3", "MaxRetryError") in keys:
+        kind = _WRAPPER
+    elif keys & _TRANSPORT:
+        kind = _SQL if _is_sql_driver(keys) else _TRANSPORT_ERROR
+    elif issubclass(cls, _BUILTIN):
+        kind = _TRANSPORT_ERROR
+    else:
+        kind = _NO
+    if len(_type_cache) < _MAX_CACHED_TYPES:
+        _type_cache[cls] = kind
+    return kind
+
+
+def _is_sql_driver(keys: set[tuple[str, str]]) -> bool:
+    return any(p in {"psycopg", "psycopg2", "asyncpg"} for p, _ in keys)
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    code = getattr(exc, "sqlstate", None) or getattr(exc, "pgcode", None)
+    return code if isinstance(code, str) else None
+
+
+def http_status(obj: object) -> int | None:
+    """
+    The HTTP status code an exception or a response carries, or None.
+
+    Reads ``obj.status_code`` (httpx and requests responses, many SDKs'
+    errors), ``obj.response.status_code`` (httpx's `HTTPStatusError`,
+    requests' `HTTPError`) and ``obj.status`` (aiohttp's
+    `ClientResponseError` and responses).
+
+    Example:
+        >>> import resilient
+        >>> class Response:
+        ...     status_code = 503
+        >>> resilient.http_status(Response())
+        503
+
+    .. versionadded:: 26.12.0
+    """
+    for value in (
+        getattr(obj, "status_code", None),
+        getattr(getattr(obj, "response", None), "status_code", None),
+        getattr(obj, "status", None),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def _keys(cls: type) -> set[tuple[str, str]]:
+    return {(c.__module__.partition(".")[0], c.__name__) for c in cls.__mro__}
+
+
+def _request_of(exc: BaseException) -> tuple[str, Any] | None:
+    """The (method, headers) of the HTTP request an error came from."""
+    info = getattr(exc, "request_info", None)  # aiohttp
+    if info is None:
+        try:
+            info = getattr(exc, "request", None)  # httpx, requests
+        except RuntimeError:  # httpx: "the .request property has not been set"
+            return None
+    method = getattr(info, "method", None)
+    if not isinstance(method, str):
+        return None
+    return method.upper(), getattr(info, "headers", None)
+
+
+def _not_sent(exc: BaseException) -> bool:
+    """Whether the request never left the client (connect errors)."""
+    if _keys(type(exc)) & _NOT_SENT:
+        return True
+    # requests wraps urllib3's MaxRetryError(reason=NewConnectionError).
+    for arg in exc.args[:1]:
+        reason = getattr(arg, "reason", None)
+        if isinstance(reason, BaseException) and _keys(type(reason)) & (
+            _NOT_SENT
+        ):
+            return True
+    return False
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> Iterable[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+def _statuses(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    name = field_name(inst, attribute)
+    if not isinstance(value, frozenset):
+        raise ConfigTypeError(name, value, "must be a set of status codes")
+    for code in value:
+        if isinstance(code, bool) or not isinstance(code, int):
+            raise ConfigTypeError(name, value, "must hold int status codes")
+        if not 100 <= code <= 599:
+            raise ConfigError(name, value, "must hold codes from 100 to 599")
+
+
+def _classes(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    name = field_name(inst, attribute)
+    if not isinstance(value, tuple) or not all(
+        isinstance(c, type) and issubclass(c, Exception) for c in value
+    ):
+        raise ConfigTypeError(name, value, "must be Exception classes")
+
+
+def _to_methods(value: object) -> object:
+    if isinstance(value, set | list | tuple | frozenset):
+        return frozenset(m.upper() if isinstance(m, str) else m for m in value)
+    return value
+
+
+def _methods(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if value is None:
+        return
+    if not isinstance(value, frozenset) or not all(
+        isinstance(m, str) and m.isalpha() for m in value
+    ):
+        raise ConfigTypeError(
+            field_name(inst, attribute),
+            value,
+            "must be a set of HTTP method names or None",
+        )
+
+
+def _header_name(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigTypeError(
+            field_name(inst, attribute), value, "must be a header name"
+        )
+
+
+def _to_frozenset(value: object) -> object:
+    if isinstance(value, set | list | tuple | range):
+        return frozenset(value)
+    return value
+
+
+def _to_tuple(value: object) -> object:
+    if isinstance(value, type):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class _Classifier:
+    """What `Transient` and `DependencyFailure` share."""
+
+    statuses: frozenset[int] = attrs.field(
+        converter=_to_frozenset, validator=_statuses
+    )
+    also: tuple[type[Exception], ...] = attrs.field(
+        default=(), converter=_to_tuple, validator=_classes
+    )
+    never: tuple[type[Exception], ...] = attrs.field(
+        default=(), converter=_to_tuple, validator=_classes
+    )
+
+    def _sql_codes(self) -> frozenset[str]:
+        raise NotImplementedError
+
+    def __call__(self, exc: BaseException) -> bool:
+        """Whether *exc* is one of the errors this classifier names."""
+        if isinstance(exc, BaseExceptionGroup):
+            leaves = list(_leaves(exc))
+            return bool(leaves) and all(map(self, leaves))
+        if not isinstance(exc, Exception):
+            return False  # Cancellation, KeyboardInterrupt, SystemExit.
+        return self._leaf(exc)
+
+    def _leaf(self, exc: Exception) -> bool:
+        if self.never and isinstance(exc, self.never):
+            return False
+        if self.also and isinstance(exc, self.also):
+            return True
+        kind = _kind(type(exc))
+        if kind == _TRANSPORT_ERROR:
+            return True
+        if kind == _SQL:
+            code = _sqlstate(exc)
+            return (
+                code is None or code[:2] == "08" or code in self._sql_codes()
+            )
+        if kind == _WRAPPER:
+            reason = getattr(exc, "reason", None)
+            return isinstance(reason, Exception) and self(reason)
+        status = http_status(exc)
+        return status is not None and status in self.statuses
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Transient(_Classifier):
+    """
+    The default ``retry_on`` of a `Policy`: is this error worth another
+    try?
+
+    Transient are: the built-in `ConnectionError` and `TimeoutError` (and
+    so resilient's own `DeadlineExceeded`); the transport errors of httpx,
+    requests and urllib3, and aiohttp (connect and read timeouts, resets,
+    refused connections, broken protocol); redis-py's connection and
+    timeout errors and its "try again" replies (loading, read-only
+    replica, cluster down); PostgreSQL connection errors and the SQLSTATEs
+    of class 08, serialization failures and deadlocks, shutdowns and
+    statement timeouts; HTTP status errors whose status is in *statuses*.
+    Never transient: certificate, URL and authentication errors, and
+    anything that is not an `Exception`. An exception group is transient
+    when every leaf is.
+
+    A request that is not idempotent is never repeated by accident: when
+    the error carries its HTTP request (httpx, requests, aiohttp do) and
+    the method is not in *idempotent_methods* (POST, PATCH) and the request
+    has no *idempotency_header*, the error is transient only if the request
+    never left the client (a refused connection, a connect or pool
+    timeout) or the server said it did not act on it (429, 503). Give the
+    request an idempotency key (`resilient.http.idempotent`) to retry it
+    like any other.
+
+    Args:
+        statuses: HTTP statuses to retry (default 429, 502, 503, 504; add
+            500 if your dependency's 500s are transient).
+        also: More exception classes to retry.
+        never: Exception classes never to retry (checked first).
+        idempotent_methods: HTTP methods retried freely; None retries
+            every method alike.
+        idempotency_header: The header that makes any request safe to
+            repeat.
+
+    Example:
+        >>> import resilient
+        >>> retry_on = resilient.Transient(statuses={429, 500, 502, 503, 504})
+        >>> retry_on(ConnectionResetError())
+        True
+        >>> retry_on(ValueError())
+        False
+
+    .. versionadded:: 26.12.0
+    """
+
+    statuses: frozenset[int] = attrs.field(
+        default=DEFAULT_STATUSES, converter=_to_frozenset, validator=_statuses
+    )
+    idempotent_methods: frozenset[str] | None = attrs.field(
+        default=IDEMPOTENT_METHODS,
+        converter=_to_methods,
+        validator=_methods,
+    )
+    idempotency_header: str = attrs.field(
+        default="Idempotency-Key", validator=_header_name
+    )
+
+    def _sql_codes(self) -> frozenset[str]:
+        return _SQLSTATE_RETRY
+
+    def _leaf(self, exc: Exception) -> bool:
+        if not super()._leaf(exc):
+            return False
+        methods = self.idempotent_methods
+        if methods is None:
+            return True
+        request = _request_of(exc)
+        if request is None or request[0] in methods:
+            return True
+        headers = request[1]
+        get = getattr(headers, "get", None)
+        if callable(get) and get(self.idempotency_header):
+            return True
+        return _not_sent(exc) or http_status(exc) in _NOT_PROCESSED
+
+
+@final
+@attrs.frozen(kw_only=True)
+class DependencyFailure(_Classifier):
+    """
+    The default ``failure_on`` of a breaker: does this error mean the
+    dependency is failing?
+
+    The same transport errors and timeouts as `Transient`, PostgreSQL
+    connection errors and shutdowns, and HTTP status errors whose status is
+    in *statuses* (429 and every 5xx by default). A 404 or a 400 is the
+    dependency answering, not failing.
+
+    Args:
+        statuses: HTTP statuses that count as failures.
+        also: More exception classes that count.
+        never: Exception classes that never count (checked first).
+
+    .. versionadded:: 26.12.0
+    """
+
+    statuses: frozenset[int] = attrs.field(
+        default=FAILURE_STATUSES, converter=_to_frozenset, validator=_statuses
+    )
+
+    def _sql_codes(self) -> frozenset[str]:
+        return _SQLSTATE_FAILURE
