@@ -50,13 +50,13 @@ from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
 from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
-from resilient._fence import fence_guard, fenced_update
-from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._core._transient import (
     DependencyFailure,
     Transient,
     http_status,
 )
+from resilient._fence import fence_guard, fenced_update
+from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
@@ -143,8 +143,8 @@ __all__ = [
     "default_retry_after",
     "fence_guard",
     "fenced_update",
-    "lock",
     "http_status",
+    "lock",
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
