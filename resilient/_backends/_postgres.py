@@ -53,6 +53,7 @@ import re
 import threading
 import time
 import urllib.parse
+import weakref
 from typing import TYPE_CHECKING, Any, Final, final
 
 import anyio
@@ -103,7 +104,7 @@ EXTRA: Final = "postgres"
 MAX_RENEW_BATCH: Final = 500
 
 #: The shortest time limit a ttl gives a call, in seconds.
-MIN_LIMIT: Final = 0.05
+MIN_LIMIT: Final = 0.25
 
 #: The default time limit of one call, in seconds (URL: ``timeout=``).
 DEFAULT_TIMEOUT: Final = 2.0
@@ -417,6 +418,12 @@ class _AsyncConnection(psycopg.AsyncConnection[Any]):
         )
 
 
+def _close_all(idle: list[_Connection]) -> None:
+    """Close every idle connection (a backend's finaliser)."""
+    while idle:
+        idle.pop().close()
+
+
 def _connect_seconds(limit: float) -> str:
     # libpq counts whole seconds, at least 2; our own limit cuts it shorter.
     return str(max(2, math.ceil(limit)))
@@ -436,6 +443,9 @@ class PostgresBackend:
         self._lock = threading.Lock()
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
+        # Idle connections are closed when the backend goes, at the latest
+        # at exit (psycopg warns about connections left open).
+        weakref.finalize(self, _close_all, self._idle)
 
     def __repr__(self) -> str:
         return f"PostgresBackend(table={'.'.join(self._options.table)!r})"
@@ -568,9 +578,7 @@ class PostgresBackend:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+            _close_all(self._idle)
 
 
 @final

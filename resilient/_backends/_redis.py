@@ -107,7 +107,7 @@ TOMBSTONE_MS: Final = 1000
 MAX_RENEW_BATCH: Final = 100
 
 #: The shortest time limit a ttl gives a call, in seconds.
-MIN_LIMIT: Final = 0.05
+MIN_LIMIT: Final = 0.25
 
 #: The default time limit of one call, in seconds (URL: ``timeout=``).
 DEFAULT_TIMEOUT: Final = 2.0
