@@ -56,6 +56,7 @@ from resilient._core._transient import (
     http_status,
 )
 from resilient._fence import fence_guard, fenced_update
+from resilient._fence_redis import afenced_redis_set, fenced_redis_set
 from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
 from resilient._retry_budget import (
@@ -133,6 +134,7 @@ __all__ = [
     "TimedOut",
     "TimeoutScope",
     "Transient",
+    "afenced_redis_set",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -142,6 +144,7 @@ __all__ = [
     "deadline_header",
     "default_retry_after",
     "fence_guard",
+    "fenced_redis_set",
     "fenced_update",
     "http_status",
     "lock",

@@ -9,8 +9,8 @@ Lua script, so no stale holder can slip in between. Tokens are compared as
 decimal strings, by length then digit by digit, so any size of integer
 compares exactly (Lua's numbers are doubles, exact only below 2**53).
 
-Works with any redis-py client, sync (`fenced_set`) or asyncio
-(`afenced_set`); the script is loaded once per client (``EVALSHA``, and
+Works with any redis-py client, sync (`fenced_redis_set`) or asyncio
+(`afenced_redis_set`); the script is loaded once per client (``EVALSHA``, and
 again after ``SCRIPT FLUSH``).
 """
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis as AsyncRedis
 
 
-__all__ = ["FENCED_SET", "afenced_set", "fenced_set"]
+__all__ = ["FENCED_SET", "afenced_redis_set", "fenced_redis_set"]
 
 #: KEYS[1] the fenced hash; ARGV[1] the token (decimal), ARGV[2] the value.
 #: -> 1 written, 0 refused (a write with an equal or higher token came first).
@@ -48,7 +48,7 @@ def _token(token: object) -> str:
     return str(operator.index(token))
 
 
-def fenced_set(
+def fenced_redis_set(
     client: Redis, key: str, value: bytes | str, token: int
 ) -> bool:
     """
@@ -59,19 +59,26 @@ def fenced_set(
     has a lower token than its successor, so its late write is refused::
 
         with resilient.lock("report", backend=REDIS) as lease:
-            if not fenced_set(client, "report", data, lease.token):
+            if not resilient.fenced_redis_set(
+                client, "report", data, lease.token
+            ):
                 raise RuntimeError("a newer holder wrote first")
 
     Raises:
         TypeError: *token* is not a non-negative int.
+
+    .. versionadded:: 26.11.0
     """
     script: Any = client.register_script(FENCED_SET)
     return bool(script(keys=[key], args=[_token(token), value]) == 1)
 
 
-async def afenced_set(
+async def afenced_redis_set(
     client: AsyncRedis, key: str, value: bytes | str, token: int
 ) -> bool:
-    """`fenced_set` for redis-py's asyncio client."""
+    """`fenced_redis_set` for redis-py's asyncio client.
+
+    .. versionadded:: 26.11.0
+    """
     script: Any = client.register_script(FENCED_SET)
     return bool(await script(keys=[key], args=[_token(token), value]) == 1)

@@ -584,7 +584,7 @@ def test_fenced_set_refuses_stale_and_equal_tokens(
     A fenced write is applied only above every earlier token (an equal
     token is refused too); tokens past 2**53 compare exactly.
     """
-    from resilient._fence_redis import fenced_set
+    from resilient import fenced_redis_set as fenced_set
 
     key = f"{namespace}:resource"
     big = 2**60
@@ -612,7 +612,7 @@ def test_afenced_set_with_the_asyncio_client(
 
     import redis.asyncio
 
-    from resilient._fence_redis import afenced_set
+    from resilient import afenced_redis_set as afenced_set
 
     async def main() -> list[bool]:
         client = redis.asyncio.Redis.from_url(redis_url)
