@@ -114,7 +114,7 @@ def fenced_update(
     conds = [f"{quote_identifier(c)} = {mark}" for c in where]
     conds.append(fence_guard(fence_column, mark))
     sql = (
-        f"UPDATE {quote_identifier(table)} SET {', '.join(sets)} "
+        f"UPDATE {quote_identifier(table)} SET {', '.join(sets)} "  # noqa: S608
         f"WHERE {' AND '.join(conds)}"
     )
     params = [*values.values(), token, *where.values(), token]

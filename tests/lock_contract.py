@@ -49,6 +49,28 @@ def fresh_key(prefix: str = "contract") -> LockKey:
     return LockKey.of(f"{prefix}-{uuid.uuid4()}")
 
 
+def acquire_soon(
+    backend: Any, key: LockKey, owner: OwnerToken, ttl: float
+) -> Grant | Busy:
+    """
+    Acquire a lease that is free, allowing the store a short moment (it
+    may keep a just-freed lease for a waiter it is waking: the embedded
+    store does for up to 50 ms): retries while told to look again within
+    100 ms, for up to a second.
+    """
+    end = time.monotonic() + 1.0
+    while True:
+        answer = backend.acquire(key, owner, ttl)
+        if (
+            isinstance(answer, Grant)
+            or answer.expires_in is None
+            or answer.expires_in > 0.1
+            or time.monotonic() > end
+        ):
+            return answer
+        time.sleep(0.005)
+
+
 class BackendContract:
     """What every lock backend does; subclass and give the fixtures."""
 
@@ -140,8 +162,8 @@ class BackendContract:
         backend = open_backend(lock_backend_url)
         tag = uuid.uuid4().hex
         names = [
-            f"caf\u00e9-{tag}",
-            f"cafe\u0301-{tag}",
+            f"\u00e9t\u00e9-{tag}",
+            f"e\u0301te\u0301-{tag}",
             f"*-{tag}",
             f"%'; DROP TABLE leases; --{tag}",
             f"{{{tag}}}",
@@ -233,7 +255,9 @@ class BackendContract:
         assert isinstance(backend.acquire(key, OwnerToken(), 10.0), Busy)
 
     def test_a_lease_deleted_behind_its_back_is_not_renewed(
-        self, lock_backend_url: str, delete_lease: Callable[[str, LockKey], None]
+        self,
+        lock_backend_url: str,
+        delete_lease: Callable[[str, LockKey], None],
     ) -> None:
         """When the store loses a lease (deleted by someone else), renewal
         says so and the next owner gets a higher fence."""
@@ -243,7 +267,7 @@ class BackendContract:
         first = backend.acquire(key, owner, 10.0)
         delete_lease(lock_backend_url, key)
         assert list(backend.renew([Renewal(key, owner, 10.0)])) == [False]
-        second = backend.acquire(key, OwnerToken(), 10.0)
+        second = acquire_soon(backend, key, OwnerToken(), 10.0)
         assert isinstance(first, Grant)
         assert isinstance(second, Grant)
         assert second.fence > first.fence

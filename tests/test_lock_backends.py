@@ -62,6 +62,8 @@ class TestSqlite(BackendContract):
             backend._connection()  # type: ignore[attr-defined]
             path = backend.path  # type: ignore[attr-defined]
             with sqlite3.connect(path) as db:
-                return int(db.execute("SELECT count(*) FROM leases").fetchone()[0])
+                return int(
+                    db.execute("SELECT count(*) FROM leases").fetchone()[0]
+                )
 
         return count

@@ -27,8 +27,14 @@ def test_readme_has_examples() -> None:
     assert len(blocks()) >= 8
 
 
-def test_readme_examples_run(capsys: pytest.CaptureFixture[str]) -> None:
+def test_readme_examples_run(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
     """Every example runs, and what it prints is what the comments say."""
+    # The lock example's embedded default, in this test's own directory.
+    monkeypatch.setenv("RESILIENT_LOCK_URL", f"sqlite:///{tmp_path}/l.db")
     namespace: dict[str, object] = {"__name__": "readme"}
     with resilient.testing.set_testing(True):
         for block in blocks():

@@ -25,6 +25,7 @@ from resilient._backends._base import (
     ReleaseResult,
     Renewal,
 )
+from resilient._core._registry import Registry
 from resilient.exceptions import ConfigError, ConfigTypeError
 
 
@@ -57,8 +58,22 @@ SCHEMES: Final[dict[str, tuple[str, str | None]]] = {
     "postgres": ("_postgres", "postgres"),
 }
 
+
+def _make(url: str, _config: None) -> LockBackend:
+    return _module(url, "LockConfig.backend").sync_backend(url)  # type: ignore[no-any-return]
+
+
+#: Sync backends by URL in the core registry: one live backend per URL (and
+#: so one renewer), kept while anything uses it.
+BACKENDS: Final[Registry[LockBackend, None]] = Registry(
+    "lock_backend",
+    _make,
+    lambda: None,
+    config_of=lambda _backend: None,
+)
+
 _LOCK = threading.Lock()
-_SYNC: dict[str, LockBackend] = {}
+# Async backends belong to one event loop each: by (URL, loop).
 _ASYNC: dict[tuple[str, object], AsyncLockBackend] = {}
 
 
@@ -104,12 +119,8 @@ def check_url(url: object, field: str = "LockConfig.backend") -> None:
 
 def open_backend(url: str) -> LockBackend:
     """The process's sync backend for *url*, made on first use."""
-    with _LOCK:
-        backend = _SYNC.get(url)
-        if backend is None:
-            backend = _module(url, "LockConfig.backend").sync_backend(url)
-            _SYNC[url] = backend
-        return backend  # type: ignore[no-any-return]
+    scheme_of(url)
+    return BACKENDS.get(url)
 
 
 def async_backend(url: str, loop: object) -> AsyncLockBackend:
@@ -122,16 +133,16 @@ def async_backend(url: str, loop: object) -> AsyncLockBackend:
         if backend is None:
             backend = _module(url, "LockConfig.backend").async_backend(url)
             _ASYNC[url, loop] = backend
-        return backend  # type: ignore[no-any-return]
+        return backend
 
 
 def forget_backends() -> list[LockBackend | AsyncLockBackend]:
     """Drop every cached backend (tests); returns them for closing."""
     with _LOCK:
         gone: list[LockBackend | AsyncLockBackend] = [
-            *_SYNC.values(),
+            *BACKENDS.items(),
             *_ASYNC.values(),
         ]
-        _SYNC.clear()
+        BACKENDS.clear()
         _ASYNC.clear()
     return gone

@@ -106,7 +106,7 @@ class OwnerToken:
 
     __str__ = __repr__
 
-    def __reduce__(self) -> object:
+    def __reduce__(self) -> tuple[object, ...]:
         # A token must not travel: pickling it (into a log record, a task
         # queue) would leak it.
         raise TypeError("an OwnerToken cannot be pickled")
@@ -311,7 +311,7 @@ class AsyncLockBackend(Protocol):
         ...
 
 
-def no_watch(key: LockKey, notify: Callable[[], None]) -> Callable[[], None]:
+def no_watch(key: LockKey, notify: Callable[[], None]) -> Callable[[], None]:  # noqa: ARG001
     """A `watch` for stores that cannot tell when a lease is freed."""
     return _nothing
 

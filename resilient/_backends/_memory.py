@@ -78,7 +78,7 @@ class MemoryStore:
         now = _clock.get_clock().now()
         with self._lock:
             lease = self._leases.get(key.digest)
-            if lease is not None and lease.expires > now:
+            if lease is not None and lease.expires > now:  # noqa: SIM102
                 if lease.owner != owner:
                     return Busy(expires_in=lease.expires - now)
             if len(self._leases) > 64 and lease is None:

@@ -63,6 +63,11 @@ EXTRA: Final = None
 #: Seconds a statement waits for another process's write lock.
 BUSY_TIMEOUT: Final = 5.0
 
+#: How long a free lease whose flock someone else holds (a waiter that is
+#: about to take it) is left to that waiter before it is taken without the
+#: flock (the flock's holder may be stopped), in nanoseconds.
+CONTESTED_NS: Final = 50_000_000
+
 #: Every this many grants, expired rows of other names are swept.
 SWEEP_EVERY: Final = 256
 
@@ -185,6 +190,7 @@ class SqliteBackend:
         self._names: dict[bytes, _Name] = {}
         self._flocks: dict[bytes, tuple[int, Path]] = {}
         self._grants = 0
+        self._contested: dict[bytes, int] = {}
         self._pid = 0
         self._conn: sqlite3.Connection | None = None
 
@@ -263,7 +269,7 @@ class SqliteBackend:
                 os.close(fd)
                 raise
             try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino  # noqa: PTH116
             except FileNotFoundError:
                 same = False
             if same:
@@ -281,6 +287,17 @@ class SqliteBackend:
             return self._open_locked(self._file(key), block=False)
         except OSError:
             return None  # No lock directory access: rows still work.
+
+    def _patient(self, key: LockKey, now: int) -> bool:
+        """
+        Whether this process has found *key* free but flocked by someone
+        else for `CONTESTED_NS` already (the caller holds `_lock`).
+        """
+        contested = self._contested
+        if len(contested) > 4096:
+            contested.clear()
+        first = contested.setdefault(key.digest, now)
+        return now - first >= CONTESTED_NS
 
     def _park(self, key: LockKey, fd: int) -> None:
         """Keep a flock for this process's waiters, or let it go."""
@@ -301,7 +318,7 @@ class SqliteBackend:
         fd, path = held
         try:
             with contextlib.suppress(OSError):
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # noqa: PTH116
                     path.unlink()
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
@@ -318,6 +335,12 @@ class SqliteBackend:
         try:
             now = time.monotonic_ns()
             with self._lock:
+                if fd is None and not self._patient(key, now):
+                    held = conn.execute(_HOLDER, (key.hex,)).fetchone()
+                    if held is None:
+                        # Free, but another process holds the flock: a
+                        # waiter about to take it. Its turn, for a moment.
+                        return Busy(expires_in=0.001)
                 row = conn.execute(
                     _ACQUIRE,
                     {
@@ -333,6 +356,7 @@ class SqliteBackend:
                 if row is None:
                     held = conn.execute(_HOLDER, (key.hex,)).fetchone()
                 else:
+                    self._contested.pop(key.digest, None)
                     if fd is not None:
                         self._flocks[owner.secret] = (fd, self._file(key))
                         fd = None

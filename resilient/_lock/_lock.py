@@ -14,7 +14,15 @@ import contextvars
 import logging
 import random
 import threading
-from typing import TYPE_CHECKING, Any, Final, TypeVar, Unpack, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    ParamSpec,
+    TypeVar,
+    Unpack,
+    final,
+)
 
 import attrs
 
@@ -29,7 +37,7 @@ from resilient._backends import (
     check_url,
     open_backend,
 )
-from resilient._core import _clock, _telemetry
+from resilient._core import _clock, _loops, _telemetry
 from resilient._core._decorate import decorate
 from resilient._lock._config import LockConfig, default_backend_url
 from resilient._lock._machine import (
@@ -57,13 +65,14 @@ if TYPE_CHECKING:
 
 log: Final = logging.getLogger("resilient")
 
-F = TypeVar("F", bound="Callable[..., Any]")
+P = ParamSpec("P")
+T = TypeVar("T")
 
 #: Longest wait for a release to be answered in async code, in seconds,
 #: shielded from the cancellation that may be ending the block.
 RELEASE_TIMEOUT: Final = 5.0
 
-_RNG: Final = random.Random()  # noqa: S311 - jitter, not secrets
+_RNG: Final = random.Random()
 
 # (url, key digest) -> who holds it in this process: a thread id, or a
 # task ("task", id). Only to refuse a same-holder second acquire.
@@ -171,7 +180,7 @@ class Lease:
         "waited",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917
         self,
         lock: Lock,
         record: LeaseRecord,
@@ -338,7 +347,7 @@ class Lease:
         `ReleaseResult.UNKNOWN`.
         """
         if self._released not in {None, ReleaseResult.UNKNOWN}:
-            return self._released  # type: ignore[return-value]
+            return self._released
         if not self._let_go():
             return self._settled(ReleaseResult.NOT_HELD)
         backend: LockBackend = self._backend  # type: ignore[assignment]
@@ -356,7 +365,7 @@ class Lease:
         import anyio  # noqa: PLC0415
 
         if self._released not in {None, ReleaseResult.UNKNOWN}:
-            return self._released  # type: ignore[return-value]
+            return self._released
         if not self._let_go():
             return self._settled(ReleaseResult.NOT_HELD)
         backend: AsyncLockBackend = self._backend  # type: ignore[assignment]
@@ -371,7 +380,7 @@ class Lease:
         return self._settled(result)
 
 
-def _make_lease(
+def _make_lease(  # noqa: PLR0917
     lock: Lock,
     config: LockConfig,
     owner: OwnerToken,
@@ -406,7 +415,7 @@ def _make_lease(
     )
 
 
-def _not_acquired(
+def _not_acquired(  # noqa: PLR0917
     lock: Lock,
     acq: Acquisition,
     reason: str,
@@ -424,18 +433,13 @@ def _not_acquired(
     return exc
 
 
-def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
+def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa: C901, PLR0912, PLR0915
     """
     The sync shell: try, wait, try again; a lease or LockNotAcquired. The
     lease is appended to *out* before anything starts, so that a caller's
     ``except BaseException`` can release it whatever line was interrupted.
     """
     clock = _clock.get_clock()
-    if config.wait > 0 and _timeout._async_library() is not None:  # noqa: SLF001
-        raise RuntimeError(
-            f"lock {lock.key.shown!r}: a blocking acquire would block the "
-            "event loop; use `async with` (or `await lock.aacquire()`)"
-        )
     holder = _me(None)
     _claim(lock, holder)
     backend = open_backend(lock.url)
@@ -444,6 +448,7 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
     owner = OwnerToken()
     acq = Acquisition(config, clock.now(), _clock.current_deadline(), _RNG)
     woken: threading.Event | None = None  # Made only if we must wait.
+    waited = False
     stop: Callable[[], None] | None = None
     sent_any = False
     busy: Busy | None = None
@@ -490,16 +495,24 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
             if isinstance(step, GiveUp):
                 if error is not None:
                     _compensate(backend, lock.key, owner)
-                raise _not_acquired(
+                raise _not_acquired(  # noqa: TRY301
                     lock, acq, step.reason, busy, telemetry, error
                 )
+            if not waited:
+                # Only a wait would block an event loop: checked then, so
+                # an uncontended acquire does not pay for the look-up.
+                _loops.refuse_blocking(
+                    f"a blocking acquire of lock {lock.key.shown!r}",
+                    "`async with` the lock (or `await lock.aacquire()`)",
+                )
+                waited = True
             _sync_wait(woken, step.seconds)
-    except BaseException:
+    except BaseException as exc:
         # An interrupt (or any error) after a request left: the store may
         # have granted it. Compare-and-delete on our token is harmless.
         if out:
             out[-1].release()
-        elif sent_any:
+        elif sent_any and not isinstance(exc, LockNotAcquired):
             _compensate(backend, lock.key, owner)
             telemetry.end("interrupted", error=True)
         raise
@@ -531,12 +544,12 @@ def _sync_wait(woken: threading.Event | None, seconds: float) -> None:
     _timeout.check_scope()
 
 
-async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
+async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa: C901, PLR0912, PLR0915
     """The async shell: the same steps as `_acquire`, awaited."""
     import anyio  # noqa: PLC0415
 
     clock = _clock.get_clock()
-    library = _timeout._async_library() or "asyncio"  # noqa: SLF001
+    library = _loops.current_async_library() or "asyncio"
     holder = _me(library)
     _claim(lock, holder)
     loop = _loop_token(library)
@@ -545,11 +558,11 @@ async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
     telemetry = _Telemetry(lock.key, backend.scheme)
     owner = OwnerToken()
     acq = Acquisition(config, clock.now(), _clock.current_deadline(), _RNG)
-    call = _timeout._loop_caller(library)  # noqa: SLF001
+    call = _loops.loop_caller(library)
     events: list[anyio.Event] = [anyio.Event()]
 
     def notify() -> None:
-        try:
+        try:  # noqa: SIM105
             call(events[-1].set)
         except RuntimeError:  # pragma: no cover - the loop is gone
             pass
@@ -597,7 +610,7 @@ async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
             if isinstance(step, GiveUp):
                 if error is not None:
                     await _acompensate(backend, lock.key, owner)
-                raise _not_acquired(
+                raise _not_acquired(  # noqa: TRY301
                     lock, acq, step.reason, busy, telemetry, error
                 )
             if clock is not _clock.DEFAULT_CLOCK:
@@ -607,10 +620,10 @@ async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:
                     await events[-1].wait()
             events.append(anyio.Event())
             del events[0]
-    except BaseException:
+    except BaseException as exc:
         if out:
             await out[-1].arelease()
-        elif sent_any:
+        elif sent_any and not isinstance(exc, LockNotAcquired):
             await _acompensate(backend, lock.key, owner)
             telemetry.end("interrupted", error=True)
         raise
@@ -690,7 +703,7 @@ class Lock:
         )
 
     def _config(
-        self, blocking: bool | None, timeout: float | None | object
+        self, blocking: bool | None, timeout: float | object | None
     ) -> LockConfig:
         changes: dict[str, Any] = {}
         if blocking is not None:
@@ -703,7 +716,7 @@ class Lock:
         self,
         *,
         blocking: bool | None = None,
-        timeout: float | None | object = None,
+        timeout: float | object | None = None,
     ) -> Lease:
         """
         Acquire the lock and return its lease; release it with
@@ -729,7 +742,7 @@ class Lock:
         self,
         *,
         blocking: bool | None = None,
-        timeout: float | None | object = None,
+        timeout: float | object | None = None,  # noqa: ASYNC109
     ) -> Lease:
         """`acquire` for async code (asyncio or trio)."""
         return await _aacquire(
@@ -749,6 +762,7 @@ class Lock:
             _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             scope.__enter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
+            return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
         except BaseException:
             self._forget(out)
             if scope is not None and scope._state == "entered":  # noqa: SLF001
@@ -756,13 +770,12 @@ class Lock:
             if out:
                 out[0].release()
             raise
-        return lease
 
-    def _top(self) -> tuple[Lease, _timeout.TimeoutScope]:
+    def _top(self) -> tuple[Lease, _timeout.TimeoutScope] | None:
         for lock, lease, scope in reversed(_ENTERED.get()):
             if lock is self:
                 return lease, scope
-        raise RuntimeError(f"{self!r} was not entered in this context")
+        return None
 
     def _forget(self, leases: list[Lease]) -> None:
         entered = _ENTERED.get()
@@ -777,17 +790,29 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        lease, scope = self._top()
-        swallowed = False
-        lost = False
+        # The release runs on the normal path and again, from scratch, if
+        # an interrupt lands anywhere in it: every step is idempotent.
         try:
+            entry = self._top()
+            if entry is None:
+                raise RuntimeError(f"{self!r} was not entered here")  # noqa: TRY301
+            lease, scope = entry
             swallowed = scope.__exit__(exc_type, exc, tb)
-        finally:
-            try:
-                lost = lease.lost
-                lease.release()
-            finally:
-                self._forget([lease])
+            lost = lease.lost
+            lease.release()
+            self._forget([lease])
+        except BaseException:
+            entry = self._top()
+            if entry is not None:
+                try:
+                    if entry[1]._state == "entered":  # noqa: SLF001
+                        entry[1].__exit__(None, None, None)
+                finally:
+                    try:
+                        entry[0].release()
+                    finally:
+                        self._forget([entry[0]])
+            raise
         return _outcome(lease, exc, swallowed, lost)
 
     async def __aenter__(self) -> Lease:
@@ -801,6 +826,7 @@ class Lock:
             _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             await scope.__aenter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
+            return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
         except BaseException:
             self._forget(out)
             if scope is not None and scope._state == "entered":  # noqa: SLF001
@@ -808,7 +834,6 @@ class Lock:
             if out:
                 await out[0].arelease()
             raise
-        return lease
 
     async def __aexit__(
         self,
@@ -816,22 +841,34 @@ class Lock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        lease, scope = self._top()
-        swallowed = False
-        lost = False
+        # The release runs on the normal path and again, from scratch, if
+        # an interrupt lands anywhere in it: every step is idempotent.
         try:
+            entry = self._top()
+            if entry is None:
+                raise RuntimeError(f"{self!r} was not entered here")  # noqa: TRY301
+            lease, scope = entry
             swallowed = await scope.__aexit__(exc_type, exc, tb)
-        finally:
-            try:
-                lost = lease.lost
-                await lease.arelease()
-            finally:
-                self._forget([lease])
+            lost = lease.lost
+            await lease.arelease()
+            self._forget([lease])
+        except BaseException:
+            entry = self._top()
+            if entry is not None:
+                try:
+                    if entry[1]._state == "entered":  # noqa: SLF001
+                        await entry[1].__aexit__(None, None, None)
+                finally:
+                    try:
+                        await entry[0].arelease()
+                    finally:
+                        self._forget([entry[0]])
+            raise
         return _outcome(lease, exc, swallowed, lost)
 
     # -- as a decorator ----------------------------------------------------
 
-    def __call__(self, fn: F) -> F:
+    def __call__(self, fn: Callable[P, T]) -> Callable[P, T]:
         """
         Run each call of *fn* (sync or async) holding the lock.
         """
@@ -871,7 +908,7 @@ def _outcome(
     error = lease._lost_error()  # noqa: SLF001
     if exc is None or swallowed:
         raise error from exc
-    if isinstance(exc, BaseException) and not isinstance(exc, LockLost):
+    if not isinstance(exc, LockLost):
         exc.add_note(f"while the block ran, {error}")
     return False
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import math
-import random
 import threading
 from typing import TYPE_CHECKING, Final, final
 
@@ -24,6 +23,7 @@ import attrs
 
 
 if TYPE_CHECKING:
+    import random
     from collections.abc import Callable
 
     from resilient._backends import Busy, Grant, LockKey, OwnerToken
@@ -170,7 +170,7 @@ class LeaseRecord:
         "valid_until",
     )
 
-    def __init__(
+    def __init__(  # noqa: PLR0917
         self,
         key: LockKey,
         owner: OwnerToken,

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._backends import Renewal
 from resilient._core import _clock
-from resilient._lock._machine import LeaseRecord
 
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from resilient._backends import AsyncLockBackend, LockBackend
+    from resilient._lock._machine import LeaseRecord
 
 
 log: Final = logging.getLogger("resilient")

@@ -328,3 +328,40 @@ def _call_through() -> None:
 
     async def main() -> None:
         assert_type(await policy.acall(add_async, 1, 2), int)
+
+
+# Locks: a context manager (sync and async) and a decorator that keeps
+# the signature.
+
+nightly = resilient.lock("nightly-report", ttl=60, backend="memory://")
+assert_type(nightly, resilient.Lock)
+with nightly as held_lease:
+    assert_type(held_lease, resilient.Lease)
+    assert_type(held_lease.token, int)
+    assert_type(held_lease.valid_for(), float)
+    held_lease.checkpoint()
+assert_type(held_lease.release(), resilient.ReleaseResult)
+
+
+@resilient.lock("nightly-report")
+def report(day: str) -> int:
+    return len(day)
+
+
+assert_type(report("monday"), int)
+
+
+@resilient.lock("nightly-report")
+async def areport(day: str) -> int:
+    async with nightly as alease:
+        assert_type(alease, resilient.Lease)
+    return len(day)
+
+
+resilient.lock("x", ttl=dt.timedelta(seconds=5), timeout=None)
+resilient.lock("x", ttl="5")  # type: ignore[arg-type]
+assert_type(resilient.LockConfig(ttl=1.5).every, float)
+assert_type(
+    resilient.fenced_update(object(), "t", {"a": 1}, where={"id": 1}, token=1),
+    bool,
+)

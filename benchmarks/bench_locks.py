@@ -1,0 +1,199 @@
+"""
+Lock benchmarks: the embedded backend against filelock.
+
+- uncontended: acquire + release per second in one process, resilient's
+  ``with resilient.lock(...)`` on the embedded SQLite backend (and its bare
+  backend calls) against ``filelock.FileLock``, in interleaved rounds;
+- hand-over: 4 processes contend for one lock, each holding it ~1 ms; the
+  latency from one holder's release to the acquire of the next holder in
+  another process (p50, p99, max) on the shared CLOCK_MONOTONIC. filelock
+  polls every 50 ms by default.
+
+The Redis and PostgreSQL sections (another script or more functions here)
+reuse `interleave` and `handover`.
+
+Usage::
+
+    python benchmarks/bench_locks.py [--quick] [--rounds N]
+
+Not a test: it asserts nothing about the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import resilient
+from resilient._backends import OwnerToken, open_backend
+from resilient._backends._base import LockKey
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def interleave(
+    cases: dict[str, Callable[[int], None]], rounds: int, n: int
+) -> dict[str, list[float]]:
+    """Each case does *n* acquire+release per round, in rotation; ops/s."""
+    rates: dict[str, list[float]] = {name: [] for name in cases}
+    for run in cases.values():
+        run(max(n // 10, 1))  # warm up
+    for r in range(rounds):
+        names = list(cases)
+        names = names[r % len(names) :] + names[: r % len(names)]
+        for name in names:
+            start = time.perf_counter()
+            cases[name](n)
+            rates[name].append(n / (time.perf_counter() - start))
+    return rates
+
+
+def embedded_uncontended(directory: Path) -> dict[str, Callable[[int], None]]:
+    """The uncontended cases: resilient's shell, its backend, filelock."""
+    import filelock
+
+    url = f"sqlite:///{directory / 'bench.sqlite3'}"
+    lock = resilient.lock("bench", backend=url, ttl=30)
+    backend = open_backend(url)
+    key = LockKey.of("bench-raw")
+    peer = filelock.FileLock(str(directory / "bench.filelock"))
+
+    def shell(n: int) -> None:
+        for _ in range(n):
+            with lock:
+                pass
+
+    def raw(n: int) -> None:
+        for _ in range(n):
+            owner = OwnerToken()
+            backend.acquire(key, owner, 30.0)
+            backend.release(key, owner)
+
+    def file_lock(n: int) -> None:
+        for _ in range(n):
+            with peer:
+                pass
+
+    return {
+        "resilient.lock (sqlite)": shell,
+        "sqlite backend, bare calls": raw,
+        "filelock.FileLock": file_lock,
+    }
+
+
+def _contender(kind: str, path: str, holds: int, out: str) -> None:
+    """One contending process: acquire, hold ~1 ms, release; log times."""
+    times: list[tuple[int, int]] = []
+    if kind == "resilient":
+        lock = resilient.lock(
+            "handover", backend=f"sqlite:///{path}", ttl=30, timeout=60
+        )
+    else:
+        import filelock
+
+        lock = filelock.FileLock(path + ".filelock", timeout=60)  # type: ignore[assignment]
+    for _ in range(holds):
+        with lock:
+            got = time.monotonic_ns()
+            while time.monotonic_ns() - got < 1_000_000:
+                pass
+            times.append((got, time.monotonic_ns()))
+    pid = os.getpid()
+    Path(out).write_text("\n".join(f"{a} {b} {pid}" for a, b in times))
+
+
+def handover(
+    kind: str, directory: Path, procs: int, holds: int
+) -> list[float]:
+    """Release-to-acquire latencies in ms with *procs* contending."""
+    ctx = multiprocessing.get_context("spawn")
+    path = str(directory / f"handover-{kind}.sqlite3")
+    outs = [str(directory / f"{kind}-{i}.txt") for i in range(procs)]
+    workers = [
+        ctx.Process(target=_contender, args=(kind, path, holds, out))
+        for out in outs
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(600)
+    spans = sorted(
+        tuple(map(int, line.split()))
+        for out in outs
+        for line in Path(out).read_text().splitlines()
+    )
+    # Only hand-overs to another process: a releaser that takes the lock
+    # straight back is not a hand-over.
+    return [
+        (spans[i + 1][0] - spans[i][1]) / 1e6
+        for i in range(len(spans) - 1)
+        if spans[i + 1][0] >= spans[i][1] and spans[i + 1][2] != spans[i][2]
+    ]
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def run_embedded(rounds: int, n: int, holds: int) -> None:
+    """Both embedded sections, printed as tables."""
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        rates = interleave(embedded_uncontended(directory), rounds, n)
+        floor = statistics.median(rates["filelock.FileLock"])
+        print("\nEmbedded, uncontended acquire + release (one process)")
+        print(
+            f"{'case':34} {'median/s':>10} {'best/s':>10} {'vs filelock':>12}"
+        )
+        for name, values in rates.items():
+            med = statistics.median(values)
+            print(
+                f"{name:34} {med:10,.0f} {max(values):10,.0f} "
+                f"{med / floor:11.2f}x"
+            )
+        print(
+            "\nHand-over to a waiting process, 4 processes, "
+            f"{holds} holds each (ms)"
+        )
+        print(f"{'case':34} {'p50':>8} {'p99':>8} {'max':>8} {'n':>6}")
+        for kind, label in [
+            ("resilient", "resilient.lock (sqlite + flock)"),
+            ("filelock", "filelock.FileLock (poll 50 ms)"),
+        ]:
+            count = holds if kind == "resilient" else max(holds // 4, 10)
+            gaps = handover(kind, directory, 4, count)
+            print(
+                f"{label:34} {quantile(gaps, 0.5):8.3f} "
+                f"{quantile(gaps, 0.99):8.3f} {max(gaps):8.3f} {len(gaps):6}"
+            )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the embedded sections."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args(argv)
+    rounds = 3 if args.quick else args.rounds
+    n = 500 if args.quick else 2000
+    holds = 50 if args.quick else 250
+    print(f"python {sys.version.split()[0]}, pid {os.getpid()}")
+    run_embedded(rounds, n, holds)
+
+
+if __name__ == "__main__":
+    main()
