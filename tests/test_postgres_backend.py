@@ -30,7 +30,7 @@ from resilient.exceptions import ConfigError, LockBackendError
 from tests.backend_shells import Shell, open_shell
 from tests.faultproxy import FaultProxy
 from tests.lock_contract import BackendContract
-from tests.service_fixtures import RUN_ID, with_query
+from tests.service_fixtures import RUN_ID, Services, with_query
 from tests.services import PostgresServer
 
 
@@ -345,19 +345,29 @@ def test_table_of_another_shape_is_not_retryable(
 # Dead, frozen and terminated servers; lost replies --------------------------
 
 
+@pytest.fixture(scope="module")
+def fault_server(test_services: Services) -> Iterator[PostgresServer]:
+    """
+    A throwaway server of this module's own that its tests freeze, kill
+    and restart (each leaves it running; one server for all of them, as a
+    fresh one costs a second or two to start).
+    """
+    server = test_services.postgres()
+    yield server
+    test_services.release(server)
+
+
 @pytest.fixture
-def own_server(
-    postgres_server: PostgresServer, colour: str
-) -> Iterator[Shell]:
+def own_server(fault_server: PostgresServer, colour: str) -> Iterator[Shell]:
     """The backend on a throwaway server this test may break."""
     with open_shell(
-        "_postgres", postgres_server.url + "?timeout=0.5", colour
+        "_postgres", fault_server.url + "?timeout=0.5", colour
     ) as s:
         yield s
 
 
 def test_paused_server_ends_each_call_within_its_limit(
-    own_server: Shell, postgres_server: PostgresServer
+    own_server: Shell, fault_server: PostgresServer
 ) -> None:
     """
     With the server frozen (SIGSTOP), acquire, renew and release each raise
@@ -365,10 +375,10 @@ def test_paused_server_ends_each_call_within_its_limit(
     it was: never a false grant or release.
     """
     shell = own_server
-    key, owner = LockKey.of("frozen"), OwnerToken()
+    key, owner = LockKey.of(f"frozen-{shell.colour}"), OwnerToken()
     grant = shell.acquire(key, owner, 5.0)
     assert isinstance(grant, Grant)
-    postgres_server.pause()
+    fault_server.pause()
     try:
         for call, limit in (
             (lambda: shell.acquire(key, OwnerToken(), 0.2), 0.2),
@@ -382,13 +392,13 @@ def test_paused_server_ends_each_call_within_its_limit(
             assert info.value.retryable
             assert time.monotonic() - start < limit + 0.25
     finally:
-        postgres_server.resume()
+        fault_server.resume()
     assert isinstance(shell.acquire(key, OwnerToken(), 1.0), Busy)
     assert shell.acquire(key, owner, 5.0) == Grant(grant.fence, 5.0)
 
 
 def test_killed_restarted_and_terminated(
-    own_server: Shell, postgres_server: PostgresServer
+    own_server: Shell, fault_server: PostgresServer
 ) -> None:
     """
     A killed server makes calls raise retryable connection errors; after a
@@ -396,16 +406,16 @@ def test_killed_restarted_and_terminated(
     a session ended by ``pg_terminate_backend`` is a retryable error too.
     """
     shell = own_server
-    key, owner = LockKey.of("restart"), OwnerToken()
+    key, owner = LockKey.of(f"restart-{shell.colour}"), OwnerToken()
     first = shell.acquire(key, owner, 30.0)
     assert isinstance(first, Grant)
-    postgres_server.kill()
+    fault_server.kill()
     with pytest.raises(LockBackendError) as info:
         shell.renew([Renewal(key, owner, 30.0)])
     assert info.value.retryable
-    postgres_server.start()
+    fault_server.start()
     assert shell.acquire(key, owner, 30.0) == Grant(first.fence, 30.0)
-    with psycopg.connect(postgres_server.url, autocommit=True) as admin:
+    with psycopg.connect(fault_server.url, autocommit=True) as admin:
         admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'"
@@ -417,7 +427,7 @@ def test_killed_restarted_and_terminated(
 
 
 def test_dropped_reply_to_a_grant_is_recognised(
-    postgres_server: PostgresServer, colour: str
+    fault_server: PostgresServer, colour: str
 ) -> None:
     """
     The reply to a successful acquire is lost (connection reset after the
@@ -425,15 +435,17 @@ def test_dropped_reply_to_a_grant_is_recognised(
     same fence at once; another owner finds it busy.
     """
     with (
-        FaultProxy(postgres_server.port) as proxy,
+        FaultProxy(fault_server.port) as proxy,
         open_shell(
             "_postgres",
             proxy.url("postgresql", "/postgres?user=postgres&timeout=1"),
             colour,
         ) as shell,
     ):
-        key, owner = LockKey.of("lost-reply"), OwnerToken()
-        assert isinstance(shell.acquire(LockKey.of("warm"), owner, 1.0), Grant)
+        key, owner = LockKey.of(f"lost-reply-{colour}"), OwnerToken()
+        assert isinstance(
+            shell.acquire(LockKey.of(f"warm-{colour}"), owner, 1.0), Grant
+        )
         proxy.drop_next_reply(then="reset")
         with pytest.raises(LockBackendError) as info:
             shell.acquire(key, owner, 30.0)
@@ -441,7 +453,7 @@ def test_dropped_reply_to_a_grant_is_recognised(
         granted = shell.acquire(key, owner, 30.0)
         assert isinstance(granted, Grant)
         assert isinstance(shell.acquire(key, OwnerToken(), 30.0), Busy)
-        with psycopg.connect(postgres_server.url) as conn:
+        with psycopg.connect(fault_server.url) as conn:
             row = conn.execute(
                 "SELECT fence FROM resilient_locks WHERE key = %s",
                 (key.digest,),
