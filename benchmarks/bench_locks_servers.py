@@ -24,8 +24,8 @@ trips per call, counted by sending calls through a loopback TCP proxy
 
 Usage::
 
-    python benchmarks/bench_locks_servers.py [--rounds N] [--calls N]
-        [--redis-url URL] [--postgres-url URL]
+    python benchmarks/bench_locks_servers.py [--quick] [--rounds N]
+        [--calls N] [--json FILE] [--redis-url URL] [--postgres-url URL]
 
 Without URLs it starts throwaway servers (``redis-server``; ``initdb`` and
 ``postgres``) with ``tests/services.py``. Not a test: it asserts nothing.
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 import time
@@ -282,9 +283,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="5 x 50 calls")
+    parser.add_argument("--json", help="also write the samples to FILE")
     parser.add_argument("--redis-url")
     parser.add_argument("--postgres-url")
-    args = parser.parse_args()
+    # ``nox -s bench`` passes the other scripts' options to every script.
+    args, _ = parser.parse_known_args()
+    if args.quick:
+        args.rounds, args.calls = 5, 50
     with servers(args) as (rurl, rport, purl, pport):
         rc = redis_cases(rurl)
         rs = measure(rc, rurl, args.rounds, args.calls)
@@ -309,6 +315,18 @@ def main() -> None:
                 pt,
                 "SELECT 1 (1 round trip)",
                 "pg_try_advisory_lock + unlock (floor)",
+            )
+        )
+    if args.json:
+        out = Path(args.json)
+        out = out.with_name(f"{out.stem}.locks_servers{out.suffix}")
+        out.write_text(
+            json.dumps(
+                {
+                    "redis": {"samples": rs, "round_trips": rt},
+                    "postgresql": {"samples": ps, "round_trips": pt},
+                },
+                indent=1,
             )
         )
 
