@@ -390,7 +390,9 @@ def test_paused_server_ends_each_call_within_its_limit(
                 call()
             assert info.value.reason == "timeout"
             assert info.value.retryable
-            assert time.monotonic() - start < limit + 0.25
+            assert (
+                time.monotonic() - start < limit + 0.5
+            )  # slack: loaded machine
     finally:
         fault_server.resume()
     assert isinstance(shell.acquire(key, OwnerToken(), 1.0), Busy)

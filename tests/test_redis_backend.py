@@ -426,7 +426,7 @@ def test_paused_server_ends_each_call_within_its_limit(
             took = time.monotonic() - start
             assert info.value.reason == "timeout"
             assert info.value.retryable
-            assert took < limit + 0.25
+            assert took < limit + 0.5  # slack for a loaded machine
     finally:
         redis_server.resume()
     assert isinstance(shell.acquire(key, OwnerToken(), 1.0), Busy)
