@@ -81,20 +81,25 @@ class _Process:
     def _ready(self) -> bool:
         raise NotImplementedError
 
+    def _log_path(self) -> Path:
+        raise NotImplementedError
+
     def _log_tail(self) -> str:
-        return ""
+        log = self._log_path()
+        return log.read_text(errors="replace")[-2000:] if log.exists() else ""
 
     def start(self) -> Self:
         """Start the server and wait until it accepts connections."""
         assert self.proc is None or self.proc.poll() is not None
-        self.proc = subprocess.Popen(  # noqa: S603
-            self._argv(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-            **self._popen_kwargs(),
-        )
+        with self._log_path().open("ab") as log:
+            self.proc = subprocess.Popen(  # noqa: S603
+                self._argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                **self._popen_kwargs(),
+            )
         self.paused = False
         deadline = time.monotonic() + START_SECONDS
         while time.monotonic() < deadline:
@@ -125,12 +130,17 @@ class _Process:
     def _signal_group(self, sig: signal.Signals) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
+        if sig in {signal.SIGSTOP, signal.SIGKILL}:
+            # Freeze the main process first, so that it forks no child
+            # between the listing of its children and their signal.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGSTOP)
         pids = self._pids()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, sig)
         for pid in pids[1:]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
 
     def pause(self) -> None:
         """Freeze every process of the server (``SIGSTOP``)."""
@@ -217,9 +227,8 @@ class RedisServer(_Process):
             *self.extra,
         ]
 
-    def _log_tail(self) -> str:
-        log = self.folder / "redis.log"
-        return log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    def _log_path(self) -> Path:
+        return self.folder / "redis.log"
 
     def command(self, *args: str, timeout: float = 2.0) -> bytes:
         """
@@ -377,6 +386,9 @@ class PostgresServer(_Process):
             "-c",
             f"log_directory={self.data}",
         ]
+
+    def _log_path(self) -> Path:
+        return self.data.parent / f"{self.data.name}.log"
 
     def _popen_kwargs(self) -> dict[str, Any]:
         if self.user is None:
