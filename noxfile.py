@@ -9,16 +9,56 @@ On a machine with nothing but Python 3.11+, run this file directly::
 If nox is not installed, it is installed into a private virtual environment
 (``.nox-bootstrap/``) first and the same command runs again from there.
 With nox installed, ``nox -s tests`` does the same.
+An older Python is refused at once, before anything is installed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
 import venv
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
+
+
+MINIMUM_PYTHON = (3, 11)
+"""The oldest Python the project supports (pyproject's requires-python)."""
+
+
+def check_python(version_info: tuple[Any, ...] = sys.version_info) -> None:
+    """
+    Refuse a Python older than `MINIMUM_PYTHON`, saying what is needed.
+
+    Run before nox is looked for or installed: under an older Python,
+    pip's resolver looks for a nox that supports it for minutes, silently,
+    and the project could not be installed anyway.
+
+    Raises:
+        SystemExit: With status 2 and the message, for an older Python.
+    """
+    if tuple(version_info[:2]) >= MINIMUM_PYTHON:
+        return
+    need = ".".join(map(str, MINIMUM_PYTHON))
+    have = ".".join(map(str, version_info[:3]))
+    print(
+        f"noxfile.py: resilient needs Python {need} or newer; this is "
+        f"Python {have} ({sys.executable}). Run it with a newer one, "
+        f"for example: python{need} noxfile.py -s tests",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)
+
+
+class _NoUvNotice(logging.Filter):
+    """
+    Drop nox's ``uv binary not found.``: the sessions use the ``venv``
+    backend, so uv is not needed, and the line reads like an error.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "uv binary not found."
 
 
 ROOT = Path(__file__).resolve().parent
@@ -68,12 +108,17 @@ def _bootstrap() -> NoReturn:
     )
 
 
+if __name__ == "__main__":
+    check_python()
+
 try:
     import nox
 except ModuleNotFoundError:  # pragma: no cover
     if __name__ != "__main__":
         raise
     _bootstrap()
+
+logging.getLogger("nox").addFilter(_NoUvNotice())
 
 
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")

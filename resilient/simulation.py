@@ -20,24 +20,23 @@ from __future__ import annotations
 
 import contextlib
 
-from resilient._simulate import (
+from resilient._simulate._config import (
     STRATEGIES,
-    CallOutcome,
     SimulationConfig,
-    SimulationResult,
-    Summary,
     backoff_for,
     make_breaker,
     make_policy,
-    plot_breaker,
-    plot_load,
+)
+from resilient._simulate._engine import simulate
+from resilient._simulate._plot import plot_breaker, plot_load, save_plot
+from resilient._simulate._render import (
     render_chart,
+    render_diagnosis,
     render_summary,
     render_text,
-    save_plot,
     short_label,
-    simulate,
 )
+from resilient._simulate._result import CallOutcome, SimulationResult, Summary
 
 
 # Plain `sorted()` order, which tests/test_public_api.py checks; ruff's
@@ -54,6 +53,7 @@ __all__ = [  # noqa: RUF022
     "plot_breaker",
     "plot_load",
     "render_chart",
+    "render_diagnosis",
     "render_summary",
     "render_text",
     "save_plot",

@@ -104,13 +104,14 @@ def leftovers(url: str) -> list[str]:
 def run_interrupted(n: int, body: Callable[[], None]) -> bool:
     """Run *body* with an interrupt at the n-th line; whether it fired."""
     tracer = Interrupt(n)
+    previous = sys.gettrace()  # coverage's, under coverage: put it back
     sys.settrace(tracer)
     try:
         body()
     except KeyboardInterrupt:
         pass
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     return tracer.fired
 
 

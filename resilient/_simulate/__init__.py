@@ -1,0 +1,14 @@
+"""
+The retry simulator: many clients, one dependency that goes down.
+
+Its parts, each a module:
+
+- `_config`: what to simulate (`SimulationConfig`, `make_policy`...);
+- `_cli`: the command line's options, in one table;
+- `_engine`: the discrete-event run in virtual time (`simulate`);
+- `_result`: what it measured (`SimulationResult`, `Summary`);
+- `_diagnose`: what the figures say to change in the policy;
+- `_render`, `_plot`: the text and the drawings.
+
+The public names are re-exported by `resilient.simulation`.
+"""

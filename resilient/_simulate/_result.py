@@ -1,0 +1,265 @@
+"""
+What a simulation measured: every call's outcome, the load per bucket, the
+breaker's transitions, and the `Summary` of the figures a user tuning a
+policy wants.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import TYPE_CHECKING, Final, final
+
+import attrs
+
+from resilient import BreakerState, BreakerTransition
+
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from resilient._simulate._config import SimulationConfig
+
+
+@final
+@attrs.frozen
+class CallOutcome:
+    """
+    How one client's call ended.
+
+    Attributes:
+        client: The client's number, from 0.
+        start: When the call started, in seconds.
+        end: When it ended (success or give-up); None if it was still going
+            when the run stopped.
+        attempts: Attempts made, the first one included.
+        ok: Whether it succeeded.
+        reason: Why it gave up (a `GiveUpReason`, or ``"unfinished"``);
+            None on success.
+    """
+
+    client: int
+    start: float
+    end: float | None
+    attempts: int
+    ok: bool
+    reason: str | None
+
+    @property
+    def latency(self) -> float | None:
+        """Seconds from start to end; None if unfinished."""
+        return None if self.end is None else self.end - self.start
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Summary:
+    """
+    The figures ``python -m resilient simulate`` prints.
+
+    Attributes:
+        calls: Calls made (one per client).
+        succeeded: Calls that succeeded.
+        success_rate: *succeeded* / *calls*.
+        give_ups: ``(reason, count)`` pairs, most frequent first; a call
+            still going when the run stopped counts as ``"unfinished"``.
+        attempts: Requests that reached the dependency.
+        refused: Attempts the circuit breaker rejected: they were never
+            sent. (A retry the retry budget refuses is not an attempt: the
+            call gives up for ``retry_budget``.)
+        amplification: *attempts* / *calls*: how much work the retries
+            multiplied the traffic by.
+        peak: The most requests in one bucket, and when that bucket starts.
+        peak_after_outage: The same, over the buckets that start once the
+            outage is over (None if there are none).
+        during_outage: Requests that reached the dependency during the
+            outage.
+        latency: p50, p90, p99 and max of the successful calls' latency,
+            in seconds (None if none succeeded).
+        last_attempt: When the last request reached the dependency.
+        drain: Seconds from the end of the outage to the last request, or
+            0.0 if every call had ended by then.
+        recovery: Seconds from the end of the outage to the last request
+            refused for overload (0.0 if none was): after it, the
+            dependency served everything it was sent.
+        breaker_opened: How often the breaker opened (None without one).
+        breaker_closed: When the breaker closed for the last time, if it
+            had opened and ended the run closed; else None.
+        budget_retries: Retries the retry budget allowed (None without
+            one).
+        budget_refused: Retries it refused (None without one).
+        budget_calls: Calls the retry budget counted, one per call (None
+            without one).
+    """
+
+    calls: int
+    succeeded: int
+    success_rate: float
+    give_ups: tuple[tuple[str, int], ...]
+    attempts: int
+    refused: int
+    amplification: float
+    peak: tuple[int, float]
+    peak_after_outage: tuple[int, float] | None
+    during_outage: int
+    latency: tuple[float, float, float, float] | None
+    last_attempt: float
+    drain: float
+    recovery: float
+    breaker_opened: int | None = None
+    breaker_closed: float | None = None
+    budget_retries: int | None = None
+    budget_refused: int | None = None
+    budget_calls: int | None = None
+
+
+@final
+@attrs.frozen(kw_only=True)
+class SimulationResult:
+    """
+    What a simulation measured.
+
+    Attributes:
+        config: The simulation's configuration.
+        load: Requests that reached the dependency, per bucket of
+            ``config.bucket`` seconds from 0.
+        served: How many of those it served, per bucket.
+        calls: The outcome of each client's call, by client number.
+        overload_end: When the last request was refused for overload, or
+            None if none was.
+        end: When the run stopped, in seconds.
+        summary: The figures the CLI prints.
+        transitions: The circuit breaker's state changes, in order (its
+            ``at`` is the simulated time); empty without a breaker.
+    """
+
+    config: SimulationConfig
+    load: tuple[int, ...]
+    served: tuple[int, ...]
+    calls: tuple[CallOutcome, ...]
+    overload_end: float | None
+    end: float
+    summary: Summary
+    transitions: tuple[BreakerTransition, ...] = ()
+
+    @property
+    def times(self) -> tuple[float, ...]:
+        """The start of each bucket, in seconds."""
+        return tuple(i * self.config.bucket for i in range(len(self.load)))
+
+    @property
+    def failed(self) -> tuple[int, ...]:
+        """Requests the dependency failed, per bucket."""
+        return tuple(
+            n - s for n, s in zip(self.load, self.served, strict=True)
+        )
+
+    @property
+    def breaker_states(self) -> str | None:
+        """
+        The breaker's state per bucket of the load chart, one letter each;
+        None without a breaker.
+
+        ``H`` if the breaker was half-open at any moment of the bucket
+        (it let probes through), else ``O`` if it was open at any moment,
+        else ``C`` (closed throughout).
+        """
+        if self.config.policy.breaker is None:
+            return None
+        width = self.config.bucket
+        letters: list[str] = []
+        state = "C"
+        pending = list(self.transitions)
+        pending.reverse()
+        for i in range(len(self.load)):
+            seen = {state}
+            end = (i + 1) * width
+            while pending and pending[-1].at < end:
+                state = _LETTER[pending.pop().new]
+                seen.add(state)
+            letters.append("H" if "H" in seen else "O" if "O" in seen else "C")
+        return "".join(letters)
+
+    def breaker_timeline(self) -> list[tuple[float, BreakerState]]:
+        """
+        The breaker's state from the start to the end of the run, as
+        ``(time, state)`` steps; empty without a breaker.
+        """
+        if self.config.policy.breaker is None:
+            return []
+        steps = [(0.0, BreakerState.CLOSED)]
+        steps += [(t.at, t.new) for t in self.transitions]
+        steps.append((max(self.end, steps[-1][0]), steps[-1][1]))
+        return steps
+
+
+_LETTER: Final = {
+    BreakerState.CLOSED: "C",
+    BreakerState.OPEN: "O",
+    BreakerState.HALF_OPEN: "H",
+    BreakerState.FORCED_OPEN: "O",
+}
+
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """
+    The *p*-th percentile (0 < p <= 100) of sorted data, by nearest rank:
+    a value that occurred, not an interpolation.
+    """
+    rank = max(1, math.ceil(p / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def _summarize(
+    config: SimulationConfig,
+    load: Sequence[int],
+    calls: Sequence[CallOutcome],
+    last_attempt: float,
+    overload_end: float | None,
+    *,
+    refused: int,
+    during_outage: int,
+) -> Summary:
+    width = config.bucket
+    ok = sorted(c.end - c.start for c in calls if c.ok and c.end is not None)
+    reasons = Counter(c.reason for c in calls if not c.ok)
+    attempts = sum(load)
+    peak = max(range(len(load)), key=load.__getitem__, default=0)
+    after = [i for i in range(len(load)) if i * width >= config.outage - 1e-9]
+    peak_after = max(after, key=load.__getitem__, default=None)
+    return Summary(
+        calls=len(calls),
+        succeeded=len(ok),
+        success_rate=len(ok) / len(calls),
+        give_ups=tuple(
+            sorted(
+                ((str(r), n) for r, n in reasons.items()),
+                key=lambda rn: (-rn[1], rn[0]),
+            )
+        ),
+        attempts=attempts,
+        refused=refused,
+        amplification=attempts / len(calls),
+        peak=(load[peak] if load else 0, peak * width),
+        peak_after_outage=(
+            None
+            if peak_after is None
+            else (load[peak_after], peak_after * width)
+        ),
+        during_outage=during_outage,
+        latency=(
+            None
+            if not ok
+            else (
+                percentile(ok, 50),
+                percentile(ok, 90),
+                percentile(ok, 99),
+                ok[-1],
+            )
+        ),
+        last_attempt=last_attempt,
+        drain=max(0.0, last_attempt - config.outage),
+        recovery=(
+            0.0 if overload_end is None else overload_end - config.outage
+        ),
+    )
