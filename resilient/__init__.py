@@ -58,6 +58,7 @@ from resilient._core._transient import (
     http_status,
 )
 from resilient._fence import fence_guard, fenced_update
+from resilient._fence_redis import afenced_redis_set, fenced_redis_set
 from resilient._lock import Lease, Lock, LockConfig, lock
 from resilient._pipeline._block import Attempt
 from resilient._policy import Policy, Retrying, retry, retrying
@@ -85,6 +86,7 @@ from resilient.exceptions import (
     ConfigError,
     ConfigTypeError,
     DeadlineExceeded,
+    LockBackendError,
     LockLost,
     LockNotAcquired,
     Rejected,
@@ -122,6 +124,7 @@ __all__ = [
     "FullJitter",
     "Lease",
     "Lock",
+    "LockBackendError",
     "LockConfig",
     "LockLost",
     "LockNotAcquired",
@@ -142,6 +145,7 @@ __all__ = [
     "TimedOut",
     "TimeoutScope",
     "Transient",
+    "afenced_redis_set",
     "breaker",
     "bulkhead",
     "checkpoint",
@@ -151,6 +155,7 @@ __all__ = [
     "deadline_header",
     "default_retry_after",
     "fence_guard",
+    "fenced_redis_set",
     "fenced_update",
     "http_status",
     "lock",

@@ -31,6 +31,7 @@ __all__ = [
     "ConfigError",
     "ConfigTypeError",
     "DeadlineExceeded",
+    "LockBackendError",
     "LockLost",
     "LockNotAcquired",
     "Rejected",
@@ -292,6 +293,56 @@ class ScopeCancelled(_Portable):
     def __init__(self, scope: object) -> None:
         self.scope = scope
         super().__init__(f"cancelled by {scope!r}")
+
+
+class LockBackendError(ResilientError):
+    """
+    A lock's store (Redis, PostgreSQL) answered a request with an error, or
+    could not be reached in time: the outcome of the request is unknown.
+
+    A lock never reads it as acquired, renewed or released: a failed
+    acquire is tried again within the wait's deadline when `retryable`, a
+    failed renewal is retried until the lease's validity runs out, and a
+    failed release leaves the lease to expire on the store.
+
+    The message names the scheme and the store's error code, never the URL
+    (it may hold a password) nor an owner token.
+
+    Attributes:
+        scheme: The URL scheme of the store, like ``"redis"``.
+        reason: A short code: the store's error code (``"OOM"``,
+            ``"READONLY"``, ``"LOADING"``, ``"BUSY"``, ``"WRONGTYPE"``,
+            ``"NOAUTH"``, ``"NOPERM"``; a PostgreSQL SQLSTATE such as
+            ``"42501"``), or ``"connection"`` (the connection failed or was
+            lost) or ``"timeout"`` (no reply within the call's time limit).
+        retryable: False when trying again cannot help (a key of another
+            type, a refused login or permission: a configuration error).
+
+    .. versionadded:: 26.11.0
+    """
+
+    def __init__(
+        self, scheme: str, reason: str, message: str, *, retryable: bool
+    ) -> None:
+        self.scheme = scheme
+        self.reason = reason
+        self.retryable = retryable
+        super().__init__(f"{scheme} lock store: {reason}: {message}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            _rebuild_backend_error,
+            (self.scheme, self.reason, self.args[0], self.retryable),
+        )
+
+
+def _rebuild_backend_error(
+    scheme: str, reason: str, text: str, retryable: bool
+) -> LockBackendError:
+    """Unpickle a `LockBackendError` with its message as it was."""
+    error = LockBackendError(scheme, reason, "", retryable=retryable)
+    error.args = (text,)
+    return error
 
 
 class LockNotAcquired(ResilientError):

@@ -195,3 +195,8 @@ def service_url(var: str) -> str:
         pytest.fail(f"{var} is not set and services are required")
     pytest.skip(f"{var} is not set")
     raise AssertionError  # pragma: no cover
+
+
+# Throwaway Redis and PostgreSQL servers: their fixtures and the check that
+# fails a CI run in which a test that needs one was skipped.
+from tests.service_fixtures import *  # noqa: E402, F403

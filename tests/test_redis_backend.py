@@ -1,0 +1,691 @@
+"""
+The Redis lock backend against a real ``redis-server``: the protocol's
+contract, the fence floor, bounded storage, TTL units, names, error replies
+(RELIABILITY test 11), time limits and lost replies. Every scenario runs on
+the sync twin and the async twin (asyncio, and trio through threads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import pytest
+import redis
+
+from resilient._backends import (
+    Busy,
+    Grant,
+    LockKey,
+    OwnerToken,
+    ReleaseResult,
+    Renewal,
+    _redis,
+)
+from resilient.exceptions import ConfigError, LockBackendError
+from tests.backend_shells import Shell, open_shell
+from tests.faultproxy import FaultProxy
+from tests.lock_contract import BackendContract
+from tests.service_fixtures import RUN_ID, with_query
+from tests.services import RedisServer
+
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture(params=["sync", "asyncio", "trio"])
+def colour(request: pytest.FixtureRequest) -> str:
+    """Each scenario on the sync twin and on the async twin (two loops)."""
+    return str(request.param)
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    """A key prefix of this run and test."""
+    return f"rt{RUN_ID}-{abs(hash(request.node.nodeid)) % 10**8}"
+
+
+@pytest.fixture
+def raw(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client to look at the server."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def shell(redis_url: str, namespace: str, colour: str) -> Iterator[Shell]:
+    """The backend twin of this test's colour on the shared test server."""
+    with open_shell(
+        "_redis", with_query(redis_url, namespace=namespace), colour
+    ) as s:
+        yield s
+
+
+def lease_key(namespace: str, name: str) -> str:
+    return f"{namespace}:lock:{{{LockKey.of(name).hex}}}"
+
+
+def test_acquire_busy_regrant_renew_release(
+    shell: Shell, raw: redis.Redis, namespace: str
+) -> None:
+    """
+    A free name is granted with a fence; another owner finds it busy (with
+    the time left); the holder's own retry is granted again with the same
+    fence; renew is a compare-and-set on the owner; release is
+    compare-and-delete and harmless to repeat.
+    """
+    key = LockKey.of("job")
+    me, other = OwnerToken(), OwnerToken()
+    grant = shell.acquire(key, me, 5.0)
+    assert isinstance(grant, Grant)
+    assert grant.ttl == 5.0
+    busy = shell.acquire(key, other, 5.0)
+    assert isinstance(busy, Busy)
+    assert busy.expires_in is not None
+    assert 4.0 < busy.expires_in <= 5.0
+    again = shell.acquire(key, me, 7.0)
+    assert again == Grant(fence=grant.fence, ttl=7.0)
+    assert 6000 < raw.pttl(lease_key(namespace, "job")) <= 7000
+    assert shell.renew([Renewal(key, me, 9.0), Renewal(key, other, 9.0)]) == [
+        True,
+        False,
+    ]
+    assert 8000 < raw.pttl(lease_key(namespace, "job")) <= 9000
+    assert shell.release(key, other) is ReleaseResult.NOT_HELD
+    assert shell.release(key, me) is ReleaseResult.RELEASED
+    assert shell.release(key, me) is ReleaseResult.NOT_HELD
+    assert shell.renew([Renewal(key, me, 1.0)]) == [False]
+    following = shell.acquire(key, other, 1.0)
+    assert isinstance(following, Grant)
+    assert following.fence > grant.fence
+
+
+def test_fences_rise_across_release_and_expiry(
+    shell: Shell, raw: redis.Redis, namespace: str
+) -> None:
+    """
+    Fences strictly increase per name over 200 grants, alternating release
+    and server-side expiry, also when the grants follow each other at once.
+    """
+    key = LockKey.of("counter")
+    last = 0
+    for i in range(200):
+        owner = OwnerToken()
+        grant = shell.acquire(key, owner, 0.001 if i % 2 else 10.0)
+        assert isinstance(grant, Grant)
+        assert grant.fence > last
+        last = grant.fence
+        if i % 2 == 0:
+            assert shell.release(key, owner) is ReleaseResult.RELEASED
+        else:
+            deadline = time.monotonic() + 1
+            while raw.exists(lease_key(namespace, "counter")):
+                assert time.monotonic() < deadline
+                time.sleep(0.001)
+
+
+def test_fence_counts_from_the_tombstone_not_the_clock(
+    shell: Shell, raw: redis.Redis, namespace: str
+) -> None:
+    """
+    A release keeps the fence (and only the fence) for a moment: a grant in
+    that window counts up from it even if the stored fence is ahead of the
+    server's clock; then the key goes away on its own.
+    """
+    key = LockKey.of("ahead")
+    owner = OwnerToken()
+    assert isinstance(shell.acquire(key, owner, 10.0), Grant)
+    assert shell.release(key, owner) is ReleaseResult.RELEASED
+    k = lease_key(namespace, "ahead")
+    assert raw.hgetall(k).keys() == {b"f"}
+    assert 0 < raw.pttl(k) <= _redis.TOMBSTONE_MS
+    future = (int(time.time()) + 10**6) * 10**6
+    raw.hset(k, "f", str(future))
+    grant = shell.acquire(key, OwnerToken(), 10.0)
+    assert grant == Grant(fence=future + 1, ttl=10.0)
+
+
+def test_storage_is_bounded(
+    shell: Shell,
+    raw: redis.Redis,
+    namespace: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """
+    One hash per lock, nothing else: after 300 names were taken and
+    released, their keys are gone once the tombstones expire.
+    """
+    monkeypatch.setattr(_redis, "TOMBSTONE_MS", 30)
+    for i in range(300):
+        key, owner = LockKey.of(f"name-{i}"), OwnerToken()
+        assert isinstance(shell.acquire(key, owner, 10.0), Grant)
+        assert shell.release(key, owner) is ReleaseResult.RELEASED
+    deadline = time.monotonic() + 2
+    while list(raw.scan_iter(f"{namespace}:*")):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("ttl", "low", "high"),
+    [
+        (0.0001, 0, 1),
+        (0.5, 450, 500),
+        (1.5, 1450, 1500),
+        (10**9, 10**12 - 50, 10**12),
+    ],
+)
+def test_ttl_units(
+    shell: Shell,
+    raw: redis.Redis,
+    namespace: str,
+    ttl: float,
+    low: int,
+    high: int,
+) -> None:
+    """
+    TTLs go to Redis in milliseconds rounded up, never down to 0: the key's
+    PTTL is within [ttl - 50 ms, ttl], and a sub-millisecond TTL is 1 ms;
+    the grant reports the TTL applied.
+    """
+    key = LockKey.of(f"ttl-{ttl}")
+    grant = shell.acquire(key, OwnerToken(), ttl)
+    assert isinstance(grant, Grant)
+    assert grant.ttl == max(0.001, ttl)
+    pttl = raw.pttl(lease_key(namespace, f"ttl-{ttl}"))
+    assert pttl == -2 or low <= pttl <= high
+    assert pttl != -1
+
+
+def test_names_are_hashed_under_one_hash_tag(
+    shell: Shell, raw: redis.Redis, namespace: str
+) -> None:
+    """
+    Names with braces, glob and Lua metacharacters, NUL, lone surrogates,
+    NFC/NFD twins and a megabyte of text each get their own key, named by
+    the hash in one hash tag; none blocks another.
+    """
+    names = [
+        "{a}",
+        "*",
+        "[x]?",
+        "a\x00b",
+        "\ud800",
+        "\u00e9t\u00e9",
+        "e\u0301te\u0301",
+        "x" * 1_000_000,
+        "' OR 1=1 --",
+    ]
+    owners = [OwnerToken() for _ in names]
+    for name, owner in zip(names, owners, strict=True):
+        assert isinstance(shell.acquire(LockKey.of(name), owner, 10.0), Grant)
+    keys = sorted(k.decode() for k in raw.scan_iter(f"{namespace}:*"))
+    assert keys == sorted(lease_key(namespace, n) for n in names)
+    for k in keys:
+        assert k.count("{") == 1
+        assert k.endswith("}")
+        assert len(k) == len(namespace) + len(":lock:{}") + 64
+
+
+def test_bad_url_options_fail_at_construction() -> None:
+    """
+    A namespace with braces or a non-positive timeout is a ConfigError
+    naming the parameter and not the URL (which may hold a password).
+    """
+    with pytest.raises(ConfigError, match="namespace") as info:
+        _redis.sync_backend("redis://:hunter2@localhost/0?namespace={x}")
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(ConfigError, match="timeout"):
+        _redis.sync_backend("redis://localhost/0?timeout=0")
+    with pytest.raises(ConfigError, match="timeout"):
+        _redis.sync_backend("redis://localhost/0?timeout=soon")
+
+
+def test_one_round_trip_renews_a_batch(shell: Shell, raw: redis.Redis) -> None:
+    """A batch of 100 leases is renewed by one script call."""
+    owners = [(LockKey.of(f"many-{i}"), OwnerToken()) for i in range(100)]
+    for key, owner in owners:
+        assert isinstance(shell.acquire(key, owner, 10.0), Grant)
+
+    def evalsha_calls() -> int:
+        stats = raw.info("commandstats")
+        return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+    before = evalsha_calls()
+    result = shell.renew([Renewal(k, o, 10.0) for k, o in owners])
+    assert evalsha_calls() - before == 1
+    assert list(result) == [True] * 100
+
+
+# Error replies (RELIABILITY test 11) -----------------------------------------
+
+
+def _expect(
+    shell: Shell, reason: str, *, retryable: bool, owner: OwnerToken
+) -> LockBackendError:
+    with pytest.raises(LockBackendError) as info:
+        shell.acquire(LockKey.of("err"), owner, 1.0)
+    error = info.value
+    assert error.reason == reason
+    assert error.retryable is retryable
+    assert error.scheme == "redis"
+    assert owner.hex not in str(error)
+    return error
+
+
+@pytest.fixture
+def own_server(
+    redis_server: RedisServer, colour: str
+) -> Iterator[tuple[Shell, redis.Redis]]:
+    """The backend on a throwaway server this test may break."""
+    with open_shell("_redis", redis_server.url + "?timeout=0.5", colour) as s:
+        client = redis.Redis.from_url(redis_server.url)
+        yield s, client
+        client.close()
+
+
+def test_oom_is_retryable_and_grants_nothing(
+    own_server: tuple[Shell, redis.Redis],
+) -> None:
+    """
+    Out of memory (``maxmemory 1``): a retryable LockBackendError, and the
+    lease was not written.
+    """
+    shell, client = own_server
+    client.set("ballast", "x" * 10000)
+    client.config_set("maxmemory", "1")
+    _expect(shell, "OOM", retryable=True, owner=OwnerToken())
+    client.config_set("maxmemory", "0")
+    assert client.keys("resilient:*") == []
+
+
+def test_noscript_after_script_flush_reloads(
+    own_server: tuple[Shell, redis.Redis],
+) -> None:
+    """After ``SCRIPT FLUSH`` the backend sends the script again and works."""
+    shell, client = own_server
+    key, owner = LockKey.of("flushed"), OwnerToken()
+    assert isinstance(shell.acquire(key, owner, 5.0), Grant)
+    client.script_flush()
+    assert shell.renew([Renewal(key, owner, 5.0)]) == [True]
+    client.script_flush()
+    assert shell.release(key, owner) is ReleaseResult.RELEASED
+
+
+def test_wrongtype_is_not_retryable(
+    own_server: tuple[Shell, redis.Redis],
+) -> None:
+    """A key of another type where the lease should be: WRONGTYPE, final."""
+    shell, client = own_server
+    client.set(f"resilient:lock:{{{LockKey.of('err').hex}}}", "not a hash")
+    _expect(shell, "WRONGTYPE", retryable=False, owner=OwnerToken())
+
+
+def test_readonly_replica_is_retryable(
+    own_server: tuple[Shell, redis.Redis], redis_server: RedisServer
+) -> None:
+    """A replica refuses the write: READONLY, retryable, nothing granted."""
+    shell, client = own_server
+    client.execute_command("REPLICAOF", "127.0.0.1", "1")
+    try:
+        _expect(shell, "READONLY", retryable=True, owner=OwnerToken())
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    assert client.keys("resilient:*") == []
+
+
+def test_busy_script_is_retryable(
+    own_server: tuple[Shell, redis.Redis],
+) -> None:
+    """
+    While another script runs past the busy threshold the server answers
+    BUSY: retryable.
+    """
+    shell, client = own_server
+    client.config_set("busy-reply-threshold", "10")
+    blocker = redis.Redis.from_url(_url_of(client))
+    thread = threading.Thread(
+        target=lambda: _swallow(
+            lambda: blocker.eval(
+                "local t = redis.call('TIME') "
+                "while true do local n = redis.call('TIME') "
+                "if n[1] - t[1] > 1 then break end end",
+                0,
+            )
+        ),
+        daemon=True,
+    )
+    thread.start()
+    time.sleep(0.1)
+    try:
+        _expect(shell, "BUSY", retryable=True, owner=OwnerToken())
+    finally:
+        _swallow(lambda: redis.Redis.from_url(_url_of(client)).script_kill())
+        thread.join(5)
+
+
+def test_noauth_is_not_retryable(
+    own_server: tuple[Shell, redis.Redis],
+) -> None:
+    """A server that wants a password answers NOAUTH: final."""
+    shell, client = own_server
+    client.config_set("requirepass", "sesame")
+    client.connection_pool.disconnect()
+    try:
+        _expect(shell, "NOAUTH", retryable=False, owner=OwnerToken())
+    finally:
+        authed = redis.Redis.from_url(_url_of(client), password="sesame")  # noqa: S106
+        authed.config_set("requirepass", "")
+        authed.close()
+
+
+def test_loading_is_retryable(colour: str) -> None:
+    """
+    A server still loading its data answers LOADING: retryable (a fake
+    server that answers only that).
+    """
+    with (
+        _FakeRedis(
+            b"-LOADING Redis is loading the dataset in memory\r\n"
+        ) as port,
+        open_shell("_redis", f"redis://127.0.0.1:{port}/0", colour) as shell,
+    ):
+        _expect(shell, "LOADING", retryable=True, owner=OwnerToken())
+
+
+# Time limits, dead servers and lost replies ---------------------------------
+
+
+def test_paused_server_ends_each_call_within_its_limit(
+    own_server: tuple[Shell, redis.Redis], redis_server: RedisServer
+) -> None:
+    """
+    With the server frozen (SIGSTOP), acquire, renew and release each raise
+    a retryable timeout within their limit (the ttl, the URL's timeout),
+    and after SIGCONT the lease is as it was: never a false grant.
+    """
+    shell, client = own_server
+    key, owner = LockKey.of("frozen"), OwnerToken()
+    grant = shell.acquire(key, owner, 5.0)
+    assert isinstance(grant, Grant)
+    redis_server.pause()
+    try:
+        for call, limit in (
+            (lambda: shell.acquire(key, OwnerToken(), 0.2), 0.2),
+            (lambda: shell.renew([Renewal(key, owner, 0.3)]), 0.3),
+            (lambda: shell.release(key, owner), 0.5),
+        ):
+            start = time.monotonic()
+            with pytest.raises(LockBackendError) as info:
+                call()
+            took = time.monotonic() - start
+            assert info.value.reason == "timeout"
+            assert info.value.retryable
+            assert took < limit + 0.5  # slack for a loaded machine
+    finally:
+        redis_server.resume()
+    assert isinstance(shell.acquire(key, OwnerToken(), 1.0), Busy)
+    assert shell.acquire(key, owner, 5.0) == Grant(grant.fence, 5.0)
+
+
+def test_killed_and_restarted_server(
+    own_server: tuple[Shell, redis.Redis], redis_server: RedisServer
+) -> None:
+    """
+    A killed server makes every call raise a retryable connection error;
+    after a restart that lost every key the next grant's fence is still
+    above every fence before (the clock floor).
+    """
+    shell, _ = own_server
+    key, owner = LockKey.of("restart"), OwnerToken()
+    first = shell.acquire(key, owner, 10.0)
+    assert isinstance(first, Grant)
+    redis_server.kill()
+    for call in (
+        lambda: shell.renew([Renewal(key, owner, 10.0)]),
+        lambda: shell.release(key, owner),
+        lambda: shell.acquire(key, owner, 1.0),
+    ):
+        with pytest.raises(LockBackendError) as info:
+            call()
+        assert info.value.reason == "connection"
+        assert info.value.retryable
+    redis_server.start()
+    for _ in range(3):  # the pool's dead connections fail once each
+        try:
+            after = shell.acquire(key, OwnerToken(), 10.0)
+            break
+        except LockBackendError:
+            continue
+    assert isinstance(after, Grant)
+    assert after.fence > first.fence
+
+
+def test_dropped_reply_to_a_grant_is_recognised(
+    redis_server: RedisServer, colour: str
+) -> None:
+    """
+    The reply to a successful acquire is lost (the connection is reset
+    after the server granted): the call raises a retryable error, and the
+    retry with the same owner finds its own lease and gets the same fence
+    at once instead of waiting out the ttl; others find it busy.
+    """
+    with (
+        FaultProxy(redis_server.port) as proxy,
+        open_shell(
+            "_redis", proxy.url("redis", "/0?timeout=0.5"), colour
+        ) as shell,
+    ):
+        key, owner = LockKey.of("lost-reply"), OwnerToken()
+        assert isinstance(shell.acquire(LockKey.of("warm"), owner, 1.0), Grant)
+        proxy.drop_next_reply(then="reset")
+        with pytest.raises(LockBackendError) as info:
+            shell.acquire(key, owner, 30.0)
+        assert info.value.retryable
+        assert proxy.dropped_replies == 1
+        granted = shell.acquire(key, owner, 30.0)
+        assert isinstance(granted, Grant)
+        assert isinstance(shell.acquire(key, OwnerToken(), 30.0), Busy)
+        client = redis.Redis.from_url(redis_server.url)
+        stored = client.hget(f"resilient:lock:{{{key.hex}}}", "f")
+        client.close()
+        assert stored is not None
+        assert int(stored) == granted.fence
+
+
+def test_reply_after_the_limit_is_not_success(
+    redis_server: RedisServer, colour: str
+) -> None:
+    """
+    A reply that would arrive after the call's limit (200 ms of latency
+    against a 100 ms ttl) is never read as a grant: the call times out.
+    """
+    with (
+        FaultProxy(redis_server.port) as proxy,
+        open_shell("_redis", proxy.url("redis", "/0"), colour) as shell,
+    ):
+        assert isinstance(
+            shell.acquire(LockKey.of("warm"), OwnerToken(), 1.0), Grant
+        )
+        proxy.latency = 0.2
+        with pytest.raises(LockBackendError) as info:
+            shell.acquire(LockKey.of("slow"), OwnerToken(), 0.1)
+        assert info.value.reason == "timeout"
+
+
+# helpers ---------------------------------------------------------------------
+
+
+def _url_of(client: redis.Redis) -> str:
+    kw = client.connection_pool.connection_kwargs
+    return f"redis://{kw['host']}:{kw['port']}/0"
+
+
+def _swallow(fn: Callable[[], object]) -> None:
+    with contextlib.suppress(Exception):
+        fn()
+
+
+class _FakeRedis:
+    """A TCP server that answers every RESP command with one canned reply."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.stop = threading.Event()
+
+    def __enter__(self) -> int:
+        threading.Thread(target=self._serve, daemon=True).start()
+        return int(self.sock.getsockname()[1])
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.sock.close()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(
+                target=self._answer, args=(conn,), daemon=True
+            ).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                # One reply per command in the chunk.
+                conn.sendall(self.reply * max(1, _commands(data)))
+
+
+def _commands(data: bytes) -> int:
+    return sum(1 for line in data.split(b"\r\n") if line.startswith(b"*"))
+
+
+# The resource side: fenced writes -------------------------------------------
+
+
+def test_fenced_set_refuses_stale_and_equal_tokens(
+    raw: redis.Redis, namespace: str
+) -> None:
+    """
+    A fenced write is applied only above every earlier token (an equal
+    token is refused too); tokens past 2**53 compare exactly.
+    """
+    from resilient import fenced_redis_set as fenced_set
+
+    key = f"{namespace}:resource"
+    big = 2**60
+    assert fenced_set(raw, key, "a", 10)
+    assert not fenced_set(raw, key, "stale", 9)
+    assert not fenced_set(raw, key, "same", 10)
+    assert fenced_set(raw, key, "b", 11)
+    assert fenced_set(raw, key, "c", big)
+    assert not fenced_set(raw, key, "d", big - 1)
+    assert fenced_set(raw, key, "e", big + 1)
+    assert raw.hgetall(key) == {
+        b"fence": str(big + 1).encode(),
+        b"value": b"e",
+    }
+    for bad in (-1, 1.5, "3", True):
+        with pytest.raises(TypeError, match="fencing token"):
+            fenced_set(raw, key, "x", bad)  # type: ignore[arg-type]
+
+
+def test_afenced_set_with_the_asyncio_client(
+    redis_url: str, namespace: str
+) -> None:
+    """The asyncio twin applies the same check, also after SCRIPT FLUSH."""
+    import asyncio
+
+    import redis.asyncio
+
+    from resilient import afenced_redis_set as afenced_set
+
+    async def main() -> list[bool]:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        key = f"{namespace}:aresource"
+        out = [await afenced_set(client, key, b"v1", 5)]
+        await client.script_flush()
+        out.append(await afenced_set(client, key, b"v0", 4))
+        out.append(await afenced_set(client, key, b"v2", 6))
+        await client.aclose()
+        return out
+
+    assert asyncio.run(main()) == [True, False, True]
+
+
+def test_small_cases(shell: Shell, redis_url: str, namespace: str) -> None:
+    """
+    An empty renewal batch needs no round trip; `watch` is a no-op the
+    waiter can call; reprs show no owner token; no time left (an expired
+    deadline) is a timeout before anything is sent; the driver's own URL
+    parameters pass through; made outside an event loop, the async twin is
+    the asyncio one.
+    """
+    import resilient
+
+    owner = OwnerToken()
+    key = LockKey.of("small")
+    assert list(shell.renew([])) == []
+    stop = shell.backend.watch(key, lambda: None)
+    stop()
+    command = _redis.Commands("ns", 1.0).acquire(key, owner, 1.0)
+    for text in (repr(shell.backend), repr(command), repr(_redis.ACQUIRE)):
+        assert owner.hex not in text
+    with resilient.deadline(0), pytest.raises(LockBackendError) as info:
+        shell.acquire(key, owner, 1.0)
+    assert info.value.reason == "timeout"
+    url = with_query(redis_url, namespace=namespace, health_check_interval="5")
+    backend = _redis.sync_backend(url)
+    assert isinstance(backend.acquire(key, owner, 1.0), Grant)
+    backend.close()
+    assert isinstance(_redis.async_backend(url), _redis.AsyncRedisBackend)
+
+
+# The backend contract (tests/lock_contract.py) ----------------------------
+
+
+class TestRedisContract(BackendContract):
+    """``redis://``: the contract every backend keeps."""
+
+    watches = False  # waiters look again on their backoff
+
+    @pytest.fixture
+    def lock_backend_url(self, redis_url: str) -> str:
+        return with_query(redis_url, namespace=f"c{uuid.uuid4().hex}")
+
+    @pytest.fixture
+    def delete_lease(self, raw: redis.Redis) -> Callable[[str, LockKey], None]:
+        def delete(url: str, key: LockKey) -> None:
+            namespace = url.rsplit("namespace=", 1)[1]
+            assert raw.delete(f"{namespace}:lock:{{{key.hex}}}") == 1
+
+        return delete
+
+    @pytest.fixture
+    def count_rows(
+        self, raw: redis.Redis, monkeypatch: pytest.MonkeyPatch
+    ) -> Callable[[str], int]:
+        # A released lease keeps its fence for TOMBSTONE_MS: count after
+        # that (shortened here), as the store would settle.
+        monkeypatch.setattr(_redis, "TOMBSTONE_MS", 10)
+
+        def count(url: str) -> int:
+            time.sleep(0.05)
+            namespace = url.rsplit("namespace=", 1)[1]
+            return len(list(raw.scan_iter(f"{namespace}:*", count=1000)))
+
+        return count
