@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import (
     TYPE_CHECKING,
     Any,
+    Final,
     ParamSpec,
     TypedDict,
     TypeVar,
@@ -42,6 +43,7 @@ from resilient._core._policy_checks import (
     check_retry_on,
     instance_or_none,
 )
+from resilient._core._transient import Transient
 from resilient._core._validate import (
     non_negative,
     positive_or_none,
@@ -77,7 +79,8 @@ RetryOn = (
     type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
 )
 
-DEFAULT_RETRY_ON: tuple[type[Exception], ...] = (ConnectionError, TimeoutError)
+DEFAULT_RETRY_ON: Final = Transient()
+"""The default *retry_on*: `resilient.Transient` with its defaults."""
 
 
 @final
@@ -110,7 +113,10 @@ class Policy:
             cancelled when it passes; sync attempts see it through
             `resilient.remaining` and `resilient.checkpoint`.
         retry_on: Which exceptions are transient: exception classes (a tuple
-            or a single class) or a predicate over the exception.
+            or a single class) or a predicate over the exception (such as
+            `Transient`, the default). An attempt cut short by the
+            policy's own *timeout* is retried whatever *retry_on* says (the
+            timeout is the policy's decision, not the dependency's error).
         retry_if_result: A predicate over a returned value: retry while it
             returns True. When attempts run out, the last value is returned.
         retry_after: Reads a server's wait hint (``Retry-After``) from an
@@ -136,7 +142,9 @@ class Policy:
 
     Defaults follow common practice for calls to remote APIs: 4 attempts,
     full jitter from 0.2 s capped at 5 s, a 30 s budget, and retries on
-    `ConnectionError` and `TimeoutError` only.
+    what `Transient` calls transient: connection errors and timeouts
+    (the built-ins' and those of httpx, requests, aiohttp, redis-py and
+    the PostgreSQL drivers) and HTTP 429, 502, 503 and 504.
 
     .. versionadded:: 26.11.0
     """

@@ -155,17 +155,23 @@ class RetryMachine:
             )
             return False
 
-    def on_error(self, exc: BaseException) -> Retry | GiveUp:
+    def on_error(
+        self, exc: BaseException, *, own_timeout: bool = False
+    ) -> Retry | GiveUp:
         """
         The attempt raised *exc*: retry it or give up.
 
         Only instances of `Exception` are retried; cancellation,
         `KeyboardInterrupt` and `SystemExit` give up at once. A `Rejected`
         that says when to come back (the attempt never ran) is outwaited.
+        *own_timeout* says *exc* is the policy's own attempt timeout: it
+        is retried whatever *retry_on* says.
         """
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
-        if not isinstance(exc, Exception) or not self.is_transient(exc):
+        if not isinstance(exc, Exception) or not (
+            own_timeout or self.is_transient(exc)
+        ):
             return self._give_up("not_retryable", exc, None)
         return self._next(exc, None, self._hint(exc))
 
