@@ -188,6 +188,18 @@ class Call:
                 self._rec.gave_up(wait.event)
         return wait
 
+    def fell_back(self, exc: BaseException) -> None:
+        """The policy's fallback takes over from *exc*: an event (and an
+        attribute) on the call's span."""
+        rec = self._rec
+        # The call span itself: CallRecorder has no method for events of
+        # the outer stages yet.
+        span = getattr(rec, "_span", None)
+        if span is not None:
+            kind = type(exc).__qualname__
+            span.add_event("resilient.fallback", {"exception.type": kind})
+            span.set_attribute("resilient.fallback", kind)
+
     def finish(self, exc: BaseException | None) -> None:
         """Close the call's telemetry (idempotent)."""
         rec, self._rec = self._rec, None
