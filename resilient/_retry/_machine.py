@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core import _settings, _state
 from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
@@ -20,7 +20,7 @@ from resilient.exceptions import CircuitOpen, Rejected
 
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from resilient._policy import Policy  # For type checkers only.
     from resilient._retry_budget import RetryBudget
@@ -136,14 +136,29 @@ class RetryMachine:
         """
         Whether the policy retries *exc*; a predicate that raises is logged
         and the error is not retried.
+
+        An `ExceptionGroup` (an error inside a task group) is retried when
+        *retry_on* accepts the group itself or every one of its leaves
+        (the exceptions in it and in its nested groups).
         """
-        retry_on = self.policy.retry_on
-        if isinstance(retry_on, tuple):
-            return isinstance(exc, retry_on) and not isinstance(
-                exc, WrongShell
-            )
         if isinstance(exc, WrongShell):
             return False
+        if self._accepts(exc):
+            return True
+        if isinstance(exc, ExceptionGroup):
+            leaves = list(_leaves(exc))
+            return bool(leaves) and all(
+                isinstance(leaf, Exception)
+                and not isinstance(leaf, WrongShell)
+                and self._accepts(leaf)
+                for leaf in leaves
+            )
+        return False
+
+    def _accepts(self, exc: Exception) -> bool:
+        retry_on = self.policy.retry_on
+        if isinstance(retry_on, tuple):
+            return isinstance(exc, retry_on)
         try:
             return bool(retry_on(exc))
         except Exception:
@@ -357,6 +372,14 @@ class RetryMachine:
             result=result,
             reason=reason,
         )
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def note(exc: BaseException, step: GiveUp) -> None:
