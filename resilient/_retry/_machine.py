@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core import _settings, _state
 from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
+from resilient._core._hints import default_retry_after
+from resilient._core._transient import http_status
 from resilient.exceptions import CircuitOpen, Rejected
 
 
@@ -297,7 +299,18 @@ class RetryMachine:
             return None
         if not retry:
             return None
-        return self._next(None, value, None)
+        return self._next(None, value, self._result_hint(value))
+
+    def _result_hint(self, value: object) -> float | None:
+        """A response's own ``Retry-After``, read with the default reader
+        (a user's reader is written for exceptions): for response-like
+        results only (they carry an HTTP status)."""
+        if (
+            self.policy.retry_after is not default_retry_after
+            or http_status(value) is None
+        ):
+            return None
+        return self._hint(value)  # type: ignore[arg-type]
 
     def _next(
         self, exc: Exception | None, result: object, hint: float | None
