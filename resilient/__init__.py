@@ -51,6 +51,7 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
+from resilient._core._result import retry_if_status
 from resilient._core._telemetry import configure_telemetry
 from resilient._core._transient import (
     DependencyFailure,
@@ -165,6 +166,7 @@ __all__ = [
     "remaining_or_none",
     "retry",
     "retry_budget",
+    "retry_if_status",
     "retrying",
     "schedule",
     "set_breaker_defaults",

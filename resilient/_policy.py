@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import (
     TYPE_CHECKING,
     Any,
+    Final,
     ParamSpec,
     TypedDict,
     TypeVar,
@@ -36,12 +37,15 @@ from resilient._core._policy_checks import (
     Unnamed,
     check_attempts,
     check_backoff,
+    check_fallback,
+    check_fallback_on,
     check_hook,
     check_name,
     check_predicate,
     check_retry_on,
     instance_or_none,
 )
+from resilient._core._transient import Transient
 from resilient._core._validate import (
     non_negative,
     positive_or_none,
@@ -64,6 +68,7 @@ if TYPE_CHECKING:
         AsyncHook,
         Backoff,
         ExceptionPredicate,
+        Fallback,
         Hook,
         ResultPredicate,
         RetryAfter,
@@ -77,7 +82,8 @@ RetryOn = (
     type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
 )
 
-DEFAULT_RETRY_ON: tuple[type[Exception], ...] = (ConnectionError, TimeoutError)
+DEFAULT_RETRY_ON: Final = Transient()
+"""The default *retry_on*: `resilient.Transient` with its defaults."""
 
 
 @final
@@ -110,7 +116,10 @@ class Policy:
             cancelled when it passes; sync attempts see it through
             `resilient.remaining` and `resilient.checkpoint`.
         retry_on: Which exceptions are transient: exception classes (a tuple
-            or a single class) or a predicate over the exception.
+            or a single class) or a predicate over the exception (such as
+            `Transient`, the default). An attempt cut short by the
+            policy's own *timeout* is retried whatever *retry_on* says (the
+            timeout is the policy's decision, not the dependency's error).
         retry_if_result: A predicate over a returned value: retry while it
             returns True. When attempts run out, the last value is returned.
         retry_after: Reads a server's wait hint (``Retry-After``) from an
@@ -128,15 +137,28 @@ class Policy:
         retry_budget: A token bucket shared by every caller of this
             dependency that refuses retries beyond a share of the calls;
             None for none.
+        fallback: The outermost stage: called with the exception that
+            ends the call (retry gave up, `CircuitOpen`, `BulkheadFull`, a
+            deadline) when *fallback_on* accepts it; the call returns what
+            it returns, or raises what it raises (it may re-raise the
+            exception). It runs outside the call's budget, under any
+            enclosing deadline. An async fallback is for async functions
+            only. Not supported by the block form (`retrying`).
+        fallback_on: Which final exceptions the fallback takes over from:
+            exception classes or a predicate; by default every `Exception`
+            (never a cancellation, `KeyboardInterrupt` or `SystemExit`).
 
     Applied to a function (``@policy``, `retry`) or a block (`retrying`),
-    the stages run in this order, outermost first: total budget, retry
-    (asking the retry budget before each retry), breaker, bulkhead,
-    attempt timeout, the call. Each runs only if configured.
+    the stages run in this order, outermost first: fallback (functions
+    only), total budget, retry (asking the retry budget before each retry),
+    breaker, bulkhead, attempt timeout, the call. Each runs only if
+    configured.
 
     Defaults follow common practice for calls to remote APIs: 4 attempts,
     full jitter from 0.2 s capped at 5 s, a 30 s budget, and retries on
-    `ConnectionError` and `TimeoutError` only.
+    what `Transient` calls transient: connection errors and timeouts
+    (the built-ins' and those of httpx, requests, aiohttp, redis-py and
+    the PostgreSQL drivers) and HTTP 429, 502, 503 and 504.
 
     .. versionadded:: 26.11.0
     """
@@ -179,7 +201,20 @@ class Policy:
     retry_budget: RetryBudgetConfig | None = attrs.field(
         default=None, validator=instance_or_none(RetryBudgetConfig)
     )
+    fallback: Fallback | None = attrs.field(
+        default=None, validator=check_fallback
+    )
+    fallback_on: tuple[type[Exception], ...] | ExceptionPredicate = (
+        attrs.field(
+            default=(Exception,),
+            converter=to_exception_classes,
+            validator=check_fallback_on,
+        )
+    )
     _async_hooks: bool = attrs.field(
+        init=False, default=False, repr=False, eq=False
+    )
+    _async_fallback: bool = attrs.field(
         init=False, default=False, repr=False, eq=False
     )
     _guards: Guards | None = attrs.field(
@@ -216,6 +251,11 @@ class Policy:
                 for h in (self.before_sleep, self.on_give_up)
                 if h is not None
             ),
+        )
+        object.__setattr__(
+            self,
+            "_async_fallback",
+            self.fallback is not None and is_async_callable(self.fallback),
         )
 
     @property
@@ -273,7 +313,7 @@ class Policy:
                 f"{fn!r} is async: call it with `await policy.acall(fn, "
                 "...)`, not policy.call()"
             )
-        if self._async_hooks:
+        if self._async_hooks or self._async_fallback:
             _refuse_async_hooks(self)(fn)
         return call_sync(self, self._call_guards(), fn, args, kwargs)  # type: ignore[no-any-return]
 
@@ -342,6 +382,8 @@ class PolicyChanges(TypedDict, total=False):
     breaker: BreakerConfig | None
     bulkhead: BulkheadConfig | None
     retry_budget: RetryBudgetConfig | None
+    fallback: Fallback | None
+    fallback_on: RetryOn
 
 
 def _default(a: attrs.Attribute[Any]) -> object:
@@ -376,6 +418,13 @@ def _refuse_async_hooks(
     policy: Policy,
 ) -> Callable[[Callable[..., Any]], None]:
     def check(fn: Callable[..., Any]) -> None:
+        if policy._async_fallback:  # noqa: SLF001 - the policy's own module
+            raise ConfigTypeError(
+                "Policy.fallback",
+                policy.fallback,
+                f"of policy {policy.name!r} is async, which a sync function "
+                f"({fn!r}) cannot await",
+            )
         if policy.has_async_hooks:
             raise ConfigTypeError(
                 "Policy.before_sleep/on_give_up",
@@ -466,7 +515,18 @@ class Retrying:
     def __repr__(self) -> str:
         return f"retrying({self.policy!r})"
 
+    def _refuse_fallback(self) -> None:
+        if self.policy.fallback is not None:
+            raise ConfigTypeError(
+                "Policy.fallback",
+                self.policy.fallback,
+                f"of policy {self.policy.name!r} is not supported by the "
+                "block form (retrying): a block cannot return the "
+                "fallback's value; decorate a function or use policy.call",
+            )
+
     def __iter__(self) -> Iterator[Attempt]:
+        self._refuse_fallback()
         if self.policy.has_async_hooks:
             raise ConfigTypeError(
                 "Policy.before_sleep/on_give_up",
@@ -476,6 +536,7 @@ class Retrying:
         return _Attempts(self.policy, self._guards, is_async=False)
 
     def __aiter__(self) -> AsyncIterator[Attempt]:
+        self._refuse_fallback()
         return _Attempts(self.policy, self._guards, is_async=True)
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "Backoff",
     "Clock",
     "ExceptionPredicate",
+    "Fallback",
     "Hook",
     "ResultPredicate",
     "RetryAfter",
@@ -76,3 +77,8 @@ Hook: TypeAlias = Callable[["RetryEvent"], object]
 
 AsyncHook: TypeAlias = Callable[["RetryEvent"], Awaitable[object]]
 """An async callback; awaited from async code only."""
+
+Fallback: TypeAlias = Callable[[Exception], object]
+"""A policy's fallback: given the exception that ended the call, returns
+what the call returns instead (or an awaitable of it, in async code), or
+raises."""

@@ -76,7 +76,9 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.seen: list[tuple[str, str, dict[str, str]]] = []
         self._scripts: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self.serve_forever, args=(0.02,), daemon=True
+        )
         self._thread.start()
 
     def record(self, method: str, path: str, headers: dict[str, str]) -> None:

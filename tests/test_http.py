@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
@@ -19,11 +19,12 @@ from resilient.http import (
     needs_key,
 )
 from resilient.http._keys import _HEADER
+from resilient.testing import FakeClock, use_clock
 from tests.http_server import Server, closed_port
 
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from tests.conftest import Driver
 
@@ -286,3 +287,94 @@ def test_idempotent_methods_none_retries_everything() -> None:
     keyed = httpx.Request("POST", "http://x/", headers={"X-Key": "1"})
     exc = httpx.ReadTimeout("slow", request=keyed)
     assert resilient.Transient(idempotency_header="X-Key")(exc)
+
+
+# The default retry_on (issue 7, item 1): a policy with no retry_on retries
+# httpx's and requests' resets, read timeouts and 503s (honouring their
+# Retry-After) and does not retry a 404, sync, on asyncio and on trio.
+
+_CLIENTS = ["httpx", "requests"]
+
+
+def _get(driver: Driver, client: str, url: str) -> Callable[[], Any]:
+    """A function of *driver*'s colour that GETs *url* with *client*,
+    raising for an error status (a short read timeout, a generous connect
+    one)."""
+    if client == "httpx":
+        timeout = httpx.Timeout(10.0, read=0.1)
+        if not driver.is_async:
+
+            def sync_get() -> int:
+                with httpx.Client(timeout=timeout) as c:
+                    return c.get(url).raise_for_status().status_code
+
+            return sync_get
+
+        async def async_get() -> int:
+            async with httpx.AsyncClient(timeout=timeout) as c:
+                response = await c.get(url)
+                return response.raise_for_status().status_code
+
+        return async_get
+
+    def requests_get() -> int:
+        response = requests.get(url, timeout=(10.0, 0.1))
+        response.raise_for_status()
+        return response.status_code
+
+    if not driver.is_async:
+        return requests_get
+
+    async def in_thread() -> int:
+        return await anyio.to_thread.run_sync(requests_get)
+
+    return in_thread
+
+
+def _default_policy() -> resilient.Policy:
+    """Everything default but the backoff (zero, so a Retry-After is the
+    only wait) and the attempts."""
+    return resilient.Policy(
+        name="http-default", attempts=3, backoff=resilient.Constant(0)
+    )
+
+
+@pytest.mark.parametrize("client", _CLIENTS)
+@pytest.mark.parametrize("path", ["/reset", "/slow"])
+def test_default_retries_resets_and_read_timeouts(
+    server: Server, driver: Driver, client: str, path: str
+) -> None:
+    """A connection reset and a read timeout are retried by default, up to
+    the policy's attempts, and the client's own error is what gives up."""
+    get = _get(driver, client, server.url + path)
+    with pytest.raises(Exception) as info:
+        driver.run(resilient.retry(_default_policy())(get))
+    assert type(info.value).__module__.partition(".")[0] == client
+    assert "after 3 attempts" in info.value.__notes__[-1]
+    assert [p for _, p, _ in server.seen] == [path] * 3
+
+
+@pytest.mark.parametrize("client", _CLIENTS)
+def test_default_retries_503_after_its_hint(
+    server: Server, driver: Driver, client: str
+) -> None:
+    """A 503 with ``Retry-After: 7`` is retried by default after 7
+    (virtual) seconds, and the retry's answer is returned."""
+    get = _get(driver, client, server.url + "/script/s/503,200")
+    clock = FakeClock()
+    with use_clock(clock):
+        assert driver.run(resilient.retry(_default_policy())(get)) == 200
+    assert clock.sleeps == [7.0]
+    assert len(server.seen) == 2
+
+
+@pytest.mark.parametrize("client", _CLIENTS)
+def test_default_does_not_retry_404(
+    server: Server, driver: Driver, client: str
+) -> None:
+    """A 404 is the dependency answering: raised at once, not retried."""
+    get = _get(driver, client, server.url + "/status/404")
+    with pytest.raises(Exception) as info:
+        driver.run(resilient.retry(_default_policy())(get))
+    assert resilient.http_status(info.value) == 404
+    assert len(server.seen) == 1

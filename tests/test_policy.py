@@ -34,7 +34,7 @@ def test_defaults_follow_common_practice() -> None:
     """
     The defaults are the ones documented: 4 attempts, full jitter from 0.2 s
     capped at 5 s, a 30 s budget, no per-attempt timeout, retries on
-    connection errors and timeouts only, server hints up to 60 s.
+    what `Transient` calls transient, server hints up to 60 s.
     """
     p = resilient.Policy()
     assert p.name == "default"
@@ -42,7 +42,7 @@ def test_defaults_follow_common_practice() -> None:
     assert p.backoff == resilient.FullJitter(base=0.2, cap=5.0)
     assert p.budget == 30.0
     assert p.timeout is None
-    assert p.retry_on == (ConnectionError, TimeoutError)
+    assert p.retry_on == resilient.Transient()
     assert p.retry_if_result is None
     assert p.retry_after is default_retry_after
     assert p.max_retry_after == 60.0

@@ -108,6 +108,29 @@ def check_retry_on(
         )
 
 
+def check_fallback_on(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_classes_or_predicate(
+        inst, attribute, value, never="are never handed to a fallback"
+    )
+    if not isinstance(value, tuple):
+        _sync_callable(
+            field_name(inst, attribute),
+            value,
+            "the exception",
+            "it is asked in sync code too",
+        )
+
+
+def check_fallback(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    callable_or_none(inst, attribute, value)
+    if value is not None:
+        takes(field_name(inst, attribute), value, 1, "the exception")
+
+
 def check_predicate(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:

@@ -8,10 +8,12 @@ face) never import the policy module.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resilient._core._config_breaker import BreakerConfig
     from resilient._core._config_bulkhead import BulkheadConfig
     from resilient._core._config_retry_budget import RetryBudgetConfig
@@ -83,6 +85,14 @@ class RetrySettings(Protocol):
     @property
     def retry_budget(self) -> RetryBudgetConfig | None:
         """The retry budget's configuration, or None."""
+
+    @property
+    def fallback(self) -> Callable[[Exception], Any] | None:
+        """The outermost stage: called with the call's final exception."""
+
+    @property
+    def fallback_on(self) -> tuple[type[Exception], ...] | ExceptionPredicate:
+        """Which final exceptions the fallback takes over from."""
 
     @property
     def has_async_hooks(self) -> bool:

@@ -45,6 +45,7 @@ class Call:
     """
 
     __slots__ = (
+        "_at",
         "_deadline",
         "_machine",
         "_outer",
@@ -78,6 +79,7 @@ class Call:
         self._machine: RetryMachine | None = None
         self._rec: CallRecorder | None = recorder(policy.name)
         self._token: Any = None
+        self._at = math.nan
         self.own_timeout = False
         """Whether the attempt's deadline is the policy's timeout (not the
         call's budget or an enclosing deadline)."""
@@ -131,6 +133,7 @@ class Call:
         if self.policy.timeout is not None:
             at = self.machine.attempt_deadline()
             self.own_timeout = at < self._deadline
+        self._at = at
         self._token = _DEADLINE.set(at)
         return at
 
@@ -142,7 +145,14 @@ class Call:
 
     def failed(self, exc: BaseException) -> Retry | GiveUp:
         """The attempt raised (or was rejected): decide and record."""
-        step = self.machine.on_error(exc)
+        # The policy's own attempt timeout is retried whatever retry_on
+        # says: the error is the timeout's, at this attempt's deadline.
+        own = (
+            self.own_timeout
+            and isinstance(exc, DeadlineExceeded)
+            and exc.deadline == self._at
+        )
+        step = self.machine.on_error(exc, own_timeout=own)
         if isinstance(step, GiveUp):
             if isinstance(exc, Exception):
                 note(exc, step)
@@ -177,6 +187,18 @@ class Call:
             if self._rec is not None:
                 self._rec.gave_up(wait.event)
         return wait
+
+    def fell_back(self, exc: BaseException) -> None:
+        """The policy's fallback takes over from *exc*: an event (and an
+        attribute) on the call's span."""
+        rec = self._rec
+        # The call span itself: CallRecorder has no method for events of
+        # the outer stages yet.
+        span = getattr(rec, "_span", None)
+        if span is not None:
+            kind = type(exc).__qualname__
+            span.add_event("resilient.fallback", {"exception.type": kind})
+            span.set_attribute("resilient.fallback", kind)
 
     def finish(self, exc: BaseException | None) -> None:
         """Close the call's telemetry (idempotent)."""

@@ -25,6 +25,10 @@ each effect gave; an exception the effect raised is thrown in instead:
 - ``NEXT, None`` (block form only): the attempt is decided and will be
   retried; the block's ``with`` ends here, the loop's next iteration
   resumes.
+- ``FALLBACK, (fallback, exc)`` (decorators and `Policy.call` only): the
+  call ended with *exc* and the policy's fallback takes over
+  (`resilient._pipeline._fallback`); send what it returned (what it
+  raised is thrown in and ends the call).
 
 The flow returns the call's result or raises its error (the caller's own
 exception, re-raised with a note). On every way out, the call's spans end,
@@ -40,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from resilient._core._decisions import GiveUp, Retry
 from resilient._pipeline._call import observable
+from resilient._pipeline._fallback import falls_back
 
 
 if TYPE_CHECKING:
@@ -56,6 +61,7 @@ READY: Final = 3
 RUN: Final = 4
 SETTLE: Final = 5
 NEXT: Final = 6
+FALLBACK: Final = 7
 
 
 def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
@@ -135,8 +141,21 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
     except BaseException as exc:
         if tickets is not None:
             guards.release(tickets)  # type: ignore[union-attr]
-        call.abort(None if isinstance(exc, GeneratorExit) else exc)
-        raise
+        fallback = call.policy.fallback
+        if fallback is None or block or not falls_back(call.policy, exc):
+            call.abort(None if isinstance(exc, GeneratorExit) else exc)
+            raise
+        # The outermost stage: the call's own deadline is spent; the
+        # fallback runs under the enclosing one.
+        call.exit_deadline()
+        call.fell_back(exc)
+        try:
+            value = yield FALLBACK, (fallback, exc)
+        except BaseException as again:
+            call.abort(again)
+            raise
+        call.finish(None)
+        return value
 
 
 def _hook(call: Call, hook: Any, step: Retry | GiveUp) -> Flow:

@@ -27,8 +27,10 @@ from resilient._pipeline._call import (
     run_hook,
     timed_out,
 )
+from resilient._pipeline._fallback import arun_fallback, run_fallback
 from resilient._pipeline._flow import (
     ADMIT,
+    FALLBACK,
     HOOK,
     RUN,
     SETTLE,
@@ -95,6 +97,8 @@ def perform(call: Call, op: int, arg: Any) -> Any:
             call.clock.sleep(seconds)
     elif op == HOOK:
         run_hook(*arg)
+    elif op == FALLBACK:
+        return run_fallback(*arg)
     return None
 
 
@@ -114,6 +118,8 @@ async def aperform(call: Call, op: int, arg: Any) -> Any:
         # Hooks are bounded by the call's deadline (docs/retry.md).
         with call.cancel_scope(call.deadline):
             await arun_hook(*arg)
+    elif op == FALLBACK:
+        return await arun_fallback(*arg)
     return None
 
 

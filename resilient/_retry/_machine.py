@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core import _settings, _state
 from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
+from resilient._core._hints import default_retry_after
+from resilient._core._transient import http_status
 from resilient.exceptions import CircuitOpen, Rejected
 
 
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from resilient._policy import Policy  # For type checkers only.
     from resilient._retry_budget import RetryBudget
@@ -136,14 +138,29 @@ class RetryMachine:
         """
         Whether the policy retries *exc*; a predicate that raises is logged
         and the error is not retried.
+
+        An `ExceptionGroup` (an error inside a task group) is retried when
+        *retry_on* accepts the group itself or every one of its leaves
+        (the exceptions in it and in its nested groups).
         """
-        retry_on = self.policy.retry_on
-        if isinstance(retry_on, tuple):
-            return isinstance(exc, retry_on) and not isinstance(
-                exc, WrongShell
-            )
         if isinstance(exc, WrongShell):
             return False
+        if self._accepts(exc):
+            return True
+        if isinstance(exc, ExceptionGroup):
+            leaves = list(_leaves(exc))
+            return bool(leaves) and all(
+                isinstance(leaf, Exception)
+                and not isinstance(leaf, WrongShell)
+                and self._accepts(leaf)
+                for leaf in leaves
+            )
+        return False
+
+    def _accepts(self, exc: Exception) -> bool:
+        retry_on = self.policy.retry_on
+        if isinstance(retry_on, tuple):
+            return isinstance(exc, retry_on)
         try:
             return bool(retry_on(exc))
         except Exception:
@@ -155,17 +172,23 @@ class RetryMachine:
             )
             return False
 
-    def on_error(self, exc: BaseException) -> Retry | GiveUp:
+    def on_error(
+        self, exc: BaseException, *, own_timeout: bool = False
+    ) -> Retry | GiveUp:
         """
         The attempt raised *exc*: retry it or give up.
 
         Only instances of `Exception` are retried; cancellation,
         `KeyboardInterrupt` and `SystemExit` give up at once. A `Rejected`
         that says when to come back (the attempt never ran) is outwaited.
+        *own_timeout* says *exc* is the policy's own attempt timeout: it
+        is retried whatever *retry_on* says.
         """
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
-        if not isinstance(exc, Exception) or not self.is_transient(exc):
+        if not isinstance(exc, Exception) or not (
+            own_timeout or self.is_transient(exc)
+        ):
             return self._give_up("not_retryable", exc, None)
         return self._next(exc, None, self._hint(exc))
 
@@ -276,7 +299,18 @@ class RetryMachine:
             return None
         if not retry:
             return None
-        return self._next(None, value, None)
+        return self._next(None, value, self._result_hint(value))
+
+    def _result_hint(self, value: object) -> float | None:
+        """A response's own ``Retry-After``, read with the default reader
+        (a user's reader is written for exceptions): for response-like
+        results only (they carry an HTTP status)."""
+        if (
+            self.policy.retry_after is not default_retry_after
+            or http_status(value) is None
+        ):
+            return None
+        return self._hint(value)  # type: ignore[arg-type]
 
     def _next(
         self, exc: Exception | None, result: object, hint: float | None
@@ -351,6 +385,14 @@ class RetryMachine:
             result=result,
             reason=reason,
         )
+
+
+def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def note(exc: BaseException, step: GiveUp) -> None:
