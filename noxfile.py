@@ -154,7 +154,9 @@ def _run_tests(session: nox.Session) -> None:
     args = list(session.posargs)
     if "-m" not in args:
         # Notebooks start Jupyter kernels; their own session runs them.
-        args = ["-m", "not notebook", *args]
+        # The storms of asynchronous exceptions run in a pytest of their
+        # own below, outside coverage: its tracer loses some of them.
+        args = ["-m", "not notebook and not storm", *args]
     session.run("coverage", "erase")
     try:
         session.run("coverage", "run", "-m", "pytest", *args)
@@ -163,8 +165,9 @@ def _run_tests(session: nox.Session) -> None:
     if session.posargs:
         # A subset of the tests cannot reach the bar; report only.
         session.run("coverage", "report")
-    else:
-        session.run("coverage", "report", "--fail-under=95")
+        return
+    session.run("coverage", "report", "--fail-under=95")
+    session.run("pytest", "-m", "storm")
 
 
 @nox.session

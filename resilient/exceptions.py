@@ -329,21 +329,6 @@ class LockBackendError(ResilientError):
         self.retryable = retryable
         super().__init__(f"{scheme} lock store: {reason}: {message}")
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            _rebuild_backend_error,
-            (self.scheme, self.reason, self.args[0], self.retryable),
-        )
-
-
-def _rebuild_backend_error(
-    scheme: str, reason: str, text: str, retryable: bool
-) -> LockBackendError:
-    """Unpickle a `LockBackendError` with its message as it was."""
-    error = LockBackendError(scheme, reason, "", retryable=retryable)
-    error.args = (text,)
-    return error
-
 
 class LockNotAcquired(ResilientError):
     """

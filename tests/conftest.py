@@ -200,3 +200,24 @@ def service_url(var: str) -> str:
 # Throwaway Redis and PostgreSQL servers: their fixtures and the check that
 # fails a CI run in which a test that needs one was skipped.
 from tests.service_fixtures import *  # noqa: E402, F403
+
+
+_STORM_FILES = frozenset(
+    {
+        "test_storm.py",
+        "test_breaker_storm.py",
+        "test_bulkhead_storm.py",
+        "test_timeout_storm.py",
+        "test_lock_interrupts.py",
+        "test_singleflight_schedules.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the asynchronous-exception storms: the tests session runs them
+    in a pytest of their own, outside coverage, whose tracer would receive
+    some of the exceptions in its own callbacks and lose them."""
+    for item in items:
+        if item.path.name in _STORM_FILES:
+            item.add_marker(pytest.mark.storm)

@@ -150,10 +150,12 @@ def test_unprotected_exit_window_is_recovered() -> None:
     class Boom(BaseException):
         pass
 
+    previous = sys.gettrace()  # coverage's, in CI: put it back after
+
     def trace(frame: object, event: str, arg: object) -> object:
         code = getattr(frame, "f_code", None)
         if event == "call" and getattr(code, "co_name", "") == "_exit_block":
-            sys.settrace(None)
+            sys.settrace(previous)
             raise Boom
         return None
 
@@ -162,7 +164,7 @@ def test_unprotected_exit_window_is_recovered() -> None:
         with pytest.raises(Boom), bh:
             pass
     finally:
-        sys.settrace(None)
+        sys.settrace(previous)
     clean(settled(bh))
     bh.acquire_nowait().release()
 
