@@ -663,9 +663,9 @@ class TestConfig:
     )
     def test_ttl_units(self, ttl: Any, seconds: float, tmp_path: Any) -> None:
         """TTLs in seconds (floats, ints, timedelta) reach the store as that
-        many seconds: on SQLite the row expires a TTL after the store wrote it
-        from the moment the store wrote it (between the call and the read
-        of the row: a renewal may move it later), never at once;
+        many seconds: on SQLite the row expires a TTL after the store wrote
+        it (between the call and the read of the row: a renewal may move it
+        later), never at once;
         sub-millisecond TTLs are not rounded to 0."""
         import sqlite3
 
