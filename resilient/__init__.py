@@ -6,7 +6,9 @@ locks for Python backends, sync and async, configured by one policy object.
 from __future__ import annotations
 
 import contextlib
+import typing as _typing
 
+from resilient import lowlevel
 from resilient._backends import ReleaseResult
 from resilient._breaker import (
     BreakerPermit,
@@ -48,7 +50,6 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decisions import RetryEvent
 from resilient._core._hints import default_retry_after, parse_retry_after
-from resilient._core._policy import Policy
 from resilient._core._telemetry import configure_telemetry
 from resilient._core._transient import (
     DependencyFailure,
@@ -57,7 +58,8 @@ from resilient._core._transient import (
 )
 from resilient._fence import fence_guard, fenced_update
 from resilient._lock import Lease, Lock, LockConfig, lock
-from resilient._retry import Attempt, Retrying, RetryMachine, retry, retrying
+from resilient._pipeline._block import Attempt
+from resilient._policy import Policy, Retrying, retry, retrying
 from resilient._retry_budget import (
     RetryBudget,
     RetryBudgetStatistics,
@@ -79,6 +81,7 @@ from resilient.exceptions import (
     DeadlineExceeded,
     LockLost,
     LockNotAcquired,
+    Rejected,
     ResilientError,
     ScopeCancelled,
     TimedOut,
@@ -118,13 +121,13 @@ __all__ = [
     "LockNotAcquired",
     "MonotonicClock",
     "Policy",
+    "Rejected",
     "ReleaseResult",
     "ResilientError",
     "RetryBudget",
     "RetryBudgetConfig",
     "RetryBudgetStatistics",
     "RetryEvent",
-    "RetryMachine",
     "Retrying",
     "ScopeCancelled",
     "TimeWindow",
@@ -168,9 +171,18 @@ def _fix_module_names() -> None:
 _fix_module_names()
 
 
-def __getattr__(name: str) -> str:
+def __getattr__(name: str) -> _typing.Any:
     if name == "__version__":
         import importlib.metadata  # noqa: PLC0415
 
         return importlib.metadata.version("resilient")
+    if name == "RetryMachine":
+        import warnings  # noqa: PLC0415
+
+        warnings.warn(
+            "resilient.RetryMachine moved to resilient.lowlevel.RetryMachine",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return lowlevel.RetryMachine
     raise AttributeError(f"module 'resilient' has no attribute {name!r}")

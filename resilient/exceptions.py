@@ -21,6 +21,7 @@ __all__ = [
     "DeadlineExceeded",
     "LockLost",
     "LockNotAcquired",
+    "Rejected",
     "ResilientError",
     "ScopeCancelled",
     "TimedOut",
@@ -71,13 +72,38 @@ class DeadlineExceeded(ResilientError, TimeoutError):
         super().__init__(f"{what} exceeded")
 
 
+class Rejected(ResilientError):
+    """
+    A stage refused a call without running it (an open breaker, a full
+    bulkhead): nothing reached the dependency.
+
+    Retry outwaits a rejection that says when to come back: it waits
+    *retry_after* (spread by its jitter) and tries again, and gives up at
+    once when that is past the deadline. A rejection is not an attempt, but
+    a call tolerates at most as many of them as it has attempts.
+
+    Attributes:
+        retry_after: Seconds until the stage may admit the call (`math.inf`
+            when only a reset will); None when the stage cannot tell, and
+            retry then treats the rejection as any other error (its
+            *retry_on* decides).
+
+    .. versionadded:: 26.12.0
+    """
+
+    retry_after: float | None = None
+
+
 @final
-class BulkheadFull(ResilientError):
+class BulkheadFull(Rejected):
     """
     A bulkhead refused a call: every slot was taken and the caller could
     not wait for one.
 
     Not a failure of the dependency: a circuit breaker does not count it.
+    Its *retry_after* is None: the bulkhead already waited as long as it
+    was configured to, so retry does not wait again unless its *retry_on*
+    says so.
 
     Attributes:
         name: The bulkhead's name.
@@ -101,7 +127,7 @@ class BulkheadFull(ResilientError):
         )
 
 
-class CircuitOpen(ResilientError):
+class CircuitOpen(Rejected):
     """
     A circuit breaker rejected a call without running it.
 

@@ -79,9 +79,6 @@ def test_seconds(value: object, expected: float) -> None:
         math.nan,
         math.inf,
         -math.inf,
-        10**400,  # Beyond any float.
-        "1" + "0" * 400,  # Likewise, as a header.
-        "1" + "0" * 5000,  # Longer than int() accepts by default.
         "",
         "   ",
         "-5",
@@ -110,6 +107,56 @@ def test_unusable_hints_give_none(value: object) -> None:
     hint), never an exception: a broken header must not break the retry.
     """
     assert parse_retry_after(value) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        10**400,  # Beyond any float.
+        "1" + "0" * 400,  # Likewise, as a header.
+        "1" + "0" * 5000,  # Longer than int() accepts by default.
+    ],
+    ids=short,
+)
+def test_hints_beyond_any_float_are_infinite(value: object) -> None:
+    """
+    A hint too large for a float is a very long wait (infinite), not
+    garbage: retry clamps it to its max_retry_after.
+    """
+    assert parse_retry_after(value) == math.inf
+
+
+@pytest.mark.parametrize("header", ["9" * 500, 10**400])
+def test_huge_retry_after_is_clamped_by_retry(
+    driver: Any, clock: Any, header: object
+) -> None:
+    """
+    A Retry-After too large for a float makes the retry wait the policy's
+    max_retry_after (it used to be ignored, and the backoff used instead).
+    """
+
+    class Throttled(Exception):
+        def __init__(self) -> None:
+            super().__init__("slow down")
+            self.headers = {"Retry-After": header}
+
+    calls: list[int] = []
+
+    def body() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise Throttled
+        return "ok"
+
+    policy = resilient.Policy(
+        name="huge-hint",
+        retry_on=Throttled,
+        max_retry_after=7,
+        budget=None,
+        backoff=resilient.Constant(seconds=1),
+    )
+    assert driver.call(policy, body) == "ok"
+    assert clock.sleeps == [7.0]
 
 
 def test_http_date_in_the_future(frozen_wall: Any) -> None:

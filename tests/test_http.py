@@ -133,7 +133,7 @@ def test_post_with_a_key_is_retried_with_the_same_key(server: Server) -> None:
 def test_post_without_a_key_is_not_repeated(server: Server) -> None:
     """Without a key, a POST that may have been processed (502, a read
     timeout) is not retried; one the server refused (503) is."""
-    with httpx.Client(timeout=0.1) as client:
+    with httpx.Client(timeout=httpx.Timeout(10.0, read=0.1)) as client:
 
         @_policy()
         def post(path: str) -> int:

@@ -26,6 +26,7 @@ PUBLIC_MODULES = (
     "resilient",
     "resilient.exceptions",
     "resilient.http",
+    "resilient.lowlevel",
     "resilient.testing",
     "resilient.typing",
 )
@@ -164,6 +165,17 @@ def test_version() -> None:
     version = resilient.__version__
     assert version == importlib.metadata.version("resilient")
     assert re.fullmatch(r"\d{2}\.\d{1,2}\.\d+(\.dev\d+)?", version)
+
+
+def test_retry_machine_moved_to_lowlevel() -> None:
+    """
+    `resilient.RetryMachine` (documented in 26.11.0) still works, as the
+    same object as `resilient.lowlevel.RetryMachine`, and warns.
+    """
+    with pytest.warns(DeprecationWarning, match="resilient.lowlevel"):
+        old = resilient.RetryMachine
+    assert old is resilient.lowlevel.RetryMachine
+    assert "RetryMachine" not in resilient.__all__
 
 
 def test_unknown_attribute() -> None:

@@ -783,18 +783,18 @@ class TestMachine:
         import random
 
         clock = resilient.testing.FakeClock()
-        machine = resilient.RetryMachine(
+        machine = resilient.lowlevel.RetryMachine(
             Policy(attempts=3, backoff=Constant(seconds=3), budget=5),
             clock,
             random.Random(0),
             start=0.0,
         )
         step = machine.on_error(ConnectionError())
-        assert isinstance(step, resilient._retry.Retry)
+        assert isinstance(step, resilient.lowlevel.Retry)
         assert step.delay == 3.0
         clock.advance(3.0)
         step2 = machine.on_error(ConnectionError())
-        assert isinstance(step2, resilient._retry.GiveUp)
+        assert isinstance(step2, resilient.lowlevel.GiveUp)
         assert step2.reason == "budget"
         assert machine.on_result("x") is None
         assert machine.attempt_deadline() == 5.0

@@ -28,6 +28,10 @@ def _fake(module: str, name: str, *bases: type) -> type:
 
 
 TRANSIENT = Transient()
+
+# Generous to connect (the machine may be loaded), short to read: the
+# server's /slow answer takes 0.3 s.
+_TIMEOUT = httpx.Timeout(10.0, read=0.1)
 FAILURE = DependencyFailure()
 
 
@@ -240,7 +244,7 @@ def http_base() -> Iterator[str]:
 
 
 def _httpx_error(base: str, path: str) -> BaseException:
-    with httpx.Client(timeout=0.05) as client:
+    with httpx.Client(timeout=_TIMEOUT) as client:
         try:
             client.get(base + path).raise_for_status()
         except httpx.HTTPError as exc:
@@ -250,7 +254,7 @@ def _httpx_error(base: str, path: str) -> BaseException:
 
 def _requests_error(base: str, path: str) -> BaseException:
     try:
-        requests.get(base + path, timeout=0.05).raise_for_status()
+        requests.get(base + path, timeout=(10.0, 0.1)).raise_for_status()
     except requests.RequestException as exc:
         return exc
     raise AssertionError(path)
@@ -291,7 +295,7 @@ async def test_httpx_async_against_a_local_server(
     http_base: str, anyio_backend: str
 ) -> None:
     """httpx's AsyncClient on asyncio and trio raises the same classes."""
-    async with httpx.AsyncClient(timeout=0.05) as client:
+    async with httpx.AsyncClient(timeout=_TIMEOUT) as client:
         for path, expected in [("/reset", True), ("/slow", True)]:
             with pytest.raises(httpx.TransportError) as info:
                 await client.get(http_base + path)

@@ -8,12 +8,14 @@ they return the next delay. None of them overflows, whatever the retry number:
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
 from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 
+from resilient._core._decorate import is_async_callable
 from resilient._core._validate import (
     field_name,
     non_negative,
@@ -198,18 +200,34 @@ class Custom:
 
     Args:
         fn: Called with the retry number (0 for the first retry); returns
-            seconds. A result that is negative, NaN or infinite raises
-            `ValueError` at the retry that produced it.
+            seconds. A function that cannot take one argument is refused
+            here; a result that is negative, NaN or infinite raises
+            `ValueError`, which a retry loop logs before it gives up
+            (the call's own error propagates).
     """
 
     fn: Callable[[int], float] = attrs.field()
 
     @fn.validator
     def _check(self, attribute: attrs.Attribute[Any], value: object) -> None:
+        where = field_name(self, attribute)
         if not callable(value):
+            raise ConfigTypeError(where, value, "must be callable")
+        if is_async_callable(value):
+            raise ConfigTypeError(where, value, "must be a sync function")
+        try:
+            signature = inspect.signature(value)
+        except (TypeError, ValueError):  # pragma: no cover - some built-ins
+            return
+        try:
+            signature.bind(0)
+        except TypeError:
             raise ConfigTypeError(
-                field_name(self, attribute), value, "must be callable"
-            )
+                where,
+                value,
+                "must be callable with the retry number (1 positional "
+                "argument)",
+            ) from None
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """What `fn` returns, checked to be a finite number >= 0."""

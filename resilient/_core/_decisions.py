@@ -17,6 +17,8 @@ GiveUpReason = Literal[
     "deadline",
     "retry_budget",
     "breaker_open",
+    "rejected",
+    "backoff_error",
 ]
 """Why a retry loop stopped without success:
 
@@ -26,7 +28,11 @@ GiveUpReason = Literal[
 - ``deadline``: ... nor within an enclosing deadline;
 - ``retry_budget``: the dependency's shared retry budget refused a retry;
 - ``breaker_open``: the circuit breaker is open and will not admit a probe
-  before the deadline.
+  before the deadline (or, in testing mode, is open at all);
+- ``rejected``: another stage (a full bulkhead) rejected the call and will
+  not admit it before the deadline (or, in testing mode, at all);
+- ``backoff_error``: the backoff raised or returned something that is not a
+  finite number of seconds >= 0 (logged).
 """
 
 

@@ -21,8 +21,13 @@ def parse_retry_after(
     or a ``Retry-After`` header value (`str` or `bytes`): delay-seconds
     (``"120"``) or an HTTP-date (``"Wed, 21 Oct 2015 07:28:00 GMT"``, RFC 9110
     section 10.2.3). A date in the past gives 0.0; garbage, NaN, infinite and
-    negative values give None. A naive `datetime.datetime` is taken as UTC,
-    the zone every HTTP-date is in.
+    negative values give None; a number too large for a float (a header of
+    hundreds of digits) gives `math.inf`, which retry clamps to its
+    *max_retry_after*. A naive `datetime.datetime` is taken as UTC, the zone
+    every HTTP-date is in.
+
+    .. versionchanged:: 26.12.0
+       A hint too large for a float gives `math.inf`, not None.
 
     Args:
         value: The hint.
@@ -39,8 +44,8 @@ def parse_retry_after(
     if isinstance(value, int | float):
         try:
             seconds = float(value)
-        except OverflowError:  # An int beyond any float: no usable hint.
-            return None
+        except OverflowError:  # An int beyond any float: a very long wait.
+            return math.inf if value > 0 else None
         return seconds if 0 <= seconds < math.inf else None
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
@@ -52,13 +57,14 @@ def parse_retry_after(
 
 # Longer digit strings are far beyond any float (and int() limits them).
 _MAX_DIGITS = 400
+_HUGE = 10**_MAX_DIGITS  # Stands for any longer number: beyond any float.
 
 
 def _parse_header(text: str) -> object:
     """A header value as an int, an infinity, a datetime, or None."""
     # RFC 9110 delay-seconds is ASCII digits only ("²".isdigit() is true).
     if text.isascii() and text.isdigit():
-        return int(text) if len(text) <= _MAX_DIGITS else math.inf
+        return int(text) if len(text) <= _MAX_DIGITS else _HUGE
     try:
         return email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError, OverflowError):

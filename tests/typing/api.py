@@ -365,3 +365,27 @@ assert_type(
     resilient.fenced_update(object(), "t", {"a": 1}, where={"id": 1}, token=1),
     bool,
 )
+
+
+def _rejections(exc: resilient.Rejected) -> None:
+    assert_type(exc.retry_after, float | None)
+    if isinstance(exc, resilient.CircuitOpen):
+        opened: resilient.Rejected = exc
+        assert_type(opened.retry_after, float | None)
+
+
+def _lowlevel() -> None:
+    import random
+
+    machine = resilient.lowlevel.RetryMachine(
+        resilient.Policy(name="low"),
+        resilient.testing.FakeClock(),
+        random.Random(0),
+        0.0,
+        admission_wait=lambda: 0.0,
+    )
+    step = machine.on_error(ConnectionError())
+    assert_type(step, resilient.lowlevel.Retry | resilient.lowlevel.GiveUp)
+    if isinstance(step, resilient.lowlevel.Retry):
+        assert_type(step.delay, float)
+    assert_type(machine.attempt, int)

@@ -1,0 +1,21 @@
+"""
+The pipeline: what runs one call through a policy.
+
+Composition order, outermost first: total budget -> retry (with the retry
+budget) -> the admission stages of `_stage.ORDER` (circuit breaker, then
+bulkhead) -> attempt timeout -> the call. Each stage exists only if the
+policy configures it, so a plain retry policy pays nothing for them.
+
+- `_stage`: the `Stage` protocol and the `ORDER` table;
+- `_guards`: a policy's stages and retry budget, built once per decorated
+  function;
+- `_call`: one call's state (deadline tokens, telemetry, lazy machine);
+- `_flow`: the one generator every decision is written in;
+- `_run`: the sync and async decorator drivers, with the bare first attempt;
+- `_block`: the block form, a third driver of the same flow.
+
+Layers import only downward: `resilient._policy` (the face) imports this
+package, which imports the machines (`resilient._retry`, the breaker, the
+bulkhead, the retry budget) and `resilient._core`; nothing here imports
+the face.
+"""

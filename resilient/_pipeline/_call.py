@@ -1,0 +1,250 @@
+"""
+One call's state, shared by every driver: the clock, the lazily made retry
+machine, the telemetry recorder, the guards and the deadline tokens.
+
+Every context change it makes (the deadline context variable, the attempt
+span made current) is undone by `end_attempt`, `exit_deadline` or, on any
+other way out, `abort`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from typing import TYPE_CHECKING, Any, Final, final
+
+import anyio
+
+from resilient._core import _clock, _state
+from resilient._core._decisions import GiveUp, Retry
+from resilient._core._telemetry import recorder
+from resilient._retry._machine import RetryMachine, note
+from resilient.exceptions import DeadlineExceeded
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from resilient._core._decisions import RetryEvent
+    from resilient._core._settings import RetrySettings
+    from resilient._core._telemetry import CallRecorder
+    from resilient._pipeline._guards import Guards
+
+
+log: Final = logging.getLogger("resilient")
+_DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
+
+
+@final
+class Call:
+    """
+    One call through a policy. An attempt is `start_attempt` (its span
+    made current, its deadline current) and `end_attempt`; admission and
+    hooks run with the call's own deadline current (`enter_deadline`).
+    """
+
+    __slots__ = (
+        "_deadline",
+        "_machine",
+        "_outer",
+        "_rec",
+        "_start",
+        "_token",
+        "clock",
+        "guards",
+        "own_timeout",
+        "policy",
+    )
+
+    def __init__(
+        self,
+        policy: RetrySettings,
+        guards: Guards | None = None,
+        start: float | None = None,
+        outer: float | None = None,
+    ) -> None:
+        self.policy = policy
+        self.guards = guards
+        clock = self.clock = _clock._clock  # noqa: SLF001
+        if start is None or outer is None:
+            start, outer = clock.now(), _DEADLINE.get()
+        self._start = start
+        self._outer = outer
+        budget = policy.budget
+        self._deadline = (
+            outer if budget is None else min(outer, start + budget)
+        )
+        self._machine: RetryMachine | None = None
+        self._rec: CallRecorder | None = recorder(policy.name)
+        self._token: Any = None
+        self.own_timeout = False
+        """Whether the attempt's deadline is the policy's timeout (not the
+        call's budget or an enclosing deadline)."""
+        if guards is not None and guards.budget is not None:
+            guards.budget.record_call()
+
+    @property
+    def deadline(self) -> float:
+        """The call's deadline: its budget, or an enclosing deadline."""
+        return self._deadline
+
+    @property
+    def machine(self) -> RetryMachine:
+        """The machine, made on first use so a first success costs less."""
+        m = self._machine
+        if m is None:
+            guards = self.guards
+            m = self._machine = RetryMachine(
+                self.policy,
+                self.clock,
+                _state.rng,
+                self._start,
+                deadline=self._outer,
+                retry_budget=None if guards is None else guards.budget,
+                admission_wait=None
+                if guards is None or not guards.stages
+                else guards.admission_wait,
+            )
+        return m
+
+    @property
+    def attempt(self) -> int:
+        """The number of the attempt in progress."""
+        return 1 if self._machine is None else self._machine.attempt
+
+    def enter_deadline(self) -> None:
+        """Make the call's deadline current (admission waits, hooks)."""
+        self._token = _DEADLINE.set(self._deadline)
+
+    def exit_deadline(self) -> None:
+        """Undo `enter_deadline` (idempotent)."""
+        token, self._token = self._token, None
+        if token is not None:
+            _DEADLINE.reset(token)
+
+    def start_attempt(self) -> float:
+        """Open the attempt's span and make its deadline current."""
+        if self._rec is not None:
+            self._rec.attempt_started(self.attempt)
+        at = self._deadline
+        if self.policy.timeout is not None:
+            at = self.machine.attempt_deadline()
+            self.own_timeout = at < self._deadline
+        self._token = _DEADLINE.set(at)
+        return at
+
+    def end_attempt(self, exc: BaseException | None) -> None:
+        """Undo `start_attempt`; end the span, recording *exc*."""
+        self.exit_deadline()
+        if self._rec is not None:
+            self._rec.attempt_ended(exc)
+
+    def failed(self, exc: BaseException) -> Retry | GiveUp:
+        """The attempt raised (or was rejected): decide and record."""
+        step = self.machine.on_error(exc)
+        if isinstance(step, GiveUp):
+            if isinstance(exc, Exception):
+                note(exc, step)
+                if step.reason == "retry_budget":
+                    budget = self.guards.budget  # type: ignore[union-attr]
+                    _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
+                if self._rec is not None:
+                    self._rec.gave_up(step.event)
+        elif self._rec is not None:
+            self._rec.retrying(step.event)
+        return step
+
+    def returned(self, value: object) -> Retry | GiveUp | None:
+        """The attempt returned: accept, retry or give up (keeping it)."""
+        if self.policy.retry_if_result is None:
+            return None
+        step = self.machine.on_result(value)
+        if self._rec is not None and step is not None:
+            if isinstance(step, GiveUp):
+                self._rec.gave_up(step.event)
+            else:
+                self._rec.retrying(step.event)
+        return step
+
+    def after_hook(self, step: Retry) -> float | GiveUp:
+        """The wait left after *step*'s hook (see RetryMachine)."""
+        wait = self.machine.after_hook(step)
+        if isinstance(wait, GiveUp):
+            exc = wait.event.exception
+            if isinstance(exc, Exception):
+                note(exc, wait)
+            if self._rec is not None:
+                self._rec.gave_up(wait.event)
+        return wait
+
+    def finish(self, exc: BaseException | None) -> None:
+        """Close the call's telemetry (idempotent)."""
+        rec, self._rec = self._rec, None
+        if rec is not None:
+            rec.ended(exc, self.attempt)
+
+    def abort(self, exc: BaseException | None) -> None:
+        """Any other way out: undo every context change, end every span."""
+        self.exit_deadline()
+        self.finish(exc)
+
+    def cancel_scope(self, at: float) -> anyio.CancelScope | NoScope:
+        """A cancel scope for async work ending at *at* (our clock)."""
+        if at == math.inf:
+            return NO_SCOPE
+        left = at - self.clock.now()
+        return anyio.CancelScope(deadline=anyio.current_time() + left)
+
+
+def _note_once(exc: BaseException, text: str) -> None:
+    if text not in getattr(exc, "__notes__", ()):
+        exc.add_note(text)
+
+
+@final
+class NoScope:
+    """Null object for work with no deadline: a cancel scope costs about
+    as much on asyncio as the rest of the call."""
+
+    __slots__ = ()
+    cancelled_caught = False
+
+    def __enter__(self) -> NoScope:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+NO_SCOPE: Final = NoScope()
+
+
+def observable(event: RetryEvent) -> bool:
+    """Hooks hear of failures, never of cancellation or interrupts."""
+    return event.exception is None or isinstance(event.exception, Exception)
+
+
+def run_hook(hook: Callable[[RetryEvent], object], event: RetryEvent) -> None:
+    """Run a sync hook; a hook that raises is logged and changes nothing."""
+    try:
+        hook(event)
+    except Exception:
+        log.exception("resilient: hook %r raised; ignored", hook)
+
+
+async def arun_hook(
+    hook: Callable[[RetryEvent], object], event: RetryEvent
+) -> None:
+    """Run a hook from async code, awaiting it if it is async."""
+    try:
+        result = hook(event)
+        if inspect.isawaitable(result):
+            await result
+    except Exception:
+        log.exception("resilient: hook %r raised; ignored", hook)
+
+
+def timed_out(at: float) -> DeadlineExceeded:
+    """The error of an attempt cancelled at its deadline *at*."""
+    return DeadlineExceeded(at, "attempt deadline")

@@ -1,0 +1,163 @@
+"""
+The one flow of a call through a policy, as a generator (the shape of
+httpx's ``Auth.auth_flow``): every decision is written here once, and the
+drivers (sync and async decorators, the block form; the simulator may
+follow) only carry out the effects it yields.
+
+The driver interface. The flow yields ``(op, arg)`` pairs and is sent what
+each effect gave; an exception the effect raised is thrown in instead:
+
+- ``HOOK, (hook, event)``: run the hook (await it if async; an async hook
+  is cancelled at the call's deadline); send None.
+- ``SLEEP, (seconds, error)``: wait (a zero wait is a checkpoint at
+  most); send None. *error* is the last attempt's exception (or None),
+  the cause of a refusal to block an event loop.
+- ``ADMIT, guards``: ``guards.admit()`` / ``await guards.aadmit()``; send
+  the tickets (a rejection is thrown in).
+- ``READY, None`` (block form only): an attempt is admitted; the driver
+  hands it out and sends None when the block is entered.
+- ``RUN, at``: run the attempt (async: cancelled at *at*, then raise
+  `DeadlineExceeded`); send ``(None, value)`` or ``(exception, None)``,
+  never throw.
+- ``SETTLE, (tickets, exc, own_timeout)``: ``guards.settle(...)`` or, in
+  async code and unless *exc* is a cancellation, ``await
+  guards.asettle(...)``; send None.
+- ``NEXT, None`` (block form only): the attempt is decided and will be
+  retried; the block's ``with`` ends here, the loop's next iteration
+  resumes.
+
+The flow returns the call's result or raises its error (the caller's own
+exception, re-raised with a note). On every way out, the call's spans end,
+its context changes are undone and any ticket taken is released.
+
+The first attempt may run bare in a driver (no span, no machine); when it
+fails, the flow starts from its exception (*failed*).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from resilient._core._decisions import GiveUp, Retry
+from resilient._pipeline._call import observable
+
+
+if TYPE_CHECKING:
+    from collections.abc import Generator
+
+    from resilient._pipeline._call import Call
+
+    Flow = Generator[tuple[int, Any], Any, Any]
+
+HOOK: Final = 0
+SLEEP: Final = 1
+ADMIT: Final = 2
+READY: Final = 3
+RUN: Final = 4
+SETTLE: Final = 5
+NEXT: Final = 6
+
+
+def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
+    call: Call, failed: BaseException | None = None, *, block: bool = False
+) -> Flow:
+    """The flow of *call*; see the module's docstring."""
+    guards = call.guards
+    admits = guards is not None and bool(guards.stages)
+    tickets: list[object] | None = None
+    step: Retry | None = None
+    decided: Retry | GiveUp | None = None
+    outcome: Retry | GiveUp | None = None
+    error: BaseException | None = None
+    value: Any = None
+    try:
+        if failed is not None:
+            decided = call.failed(failed)
+            if isinstance(decided, GiveUp):
+                yield from _give_up(call, decided)
+                raise failed  # noqa: TRY301 - the abort below sees it
+            step = decided
+        while True:
+            if step is not None:
+                if block:
+                    yield NEXT, None
+                wait: float | GiveUp = step.delay
+                hook = call.policy.before_sleep
+                if hook is not None and observable(step.event):
+                    yield from _hook(call, hook, step)
+                    wait = call.after_hook(step)
+                    if isinstance(wait, GiveUp):
+                        yield from _give_up(call, wait)
+                        result = _end(wait)
+                        call.finish(None)
+                        return result
+                yield SLEEP, (wait, step.event.exception)
+                # Hold no exception of a past attempt while suspended: its
+                # traceback holds the block-form loop's frame, which holds
+                # this flow (a cycle that would keep a loop left with
+                # `break` alive until the garbage collector runs).
+                step = decided = outcome = error = value = failed = None
+            if admits:
+                call.enter_deadline()
+                try:
+                    tickets = yield ADMIT, guards
+                except BaseException as rejected:
+                    call.exit_deadline()
+                    decided = call.failed(rejected)
+                    if isinstance(decided, GiveUp):
+                        yield from _give_up(call, decided)
+                        raise
+                    step = decided
+                    continue
+                call.exit_deadline()
+            if block:
+                yield READY, None
+            at = call.start_attempt()
+            error, value = yield RUN, at
+            call.end_attempt(error)
+            if tickets is not None:
+                taken, tickets = tickets, None
+                yield SETTLE, (taken, error, call.own_timeout)
+            if error is None:
+                outcome = call.returned(value)
+                if not isinstance(outcome, Retry):
+                    if outcome is not None:
+                        yield from _give_up(call, outcome)
+                    call.finish(None)
+                    return value
+                step = outcome
+            else:
+                decided = call.failed(error)
+                if isinstance(decided, GiveUp):
+                    yield from _give_up(call, decided)
+                    raise error  # noqa: TRY301 - the abort below sees it
+                step = decided
+    except BaseException as exc:
+        if tickets is not None:
+            guards.release(tickets)  # type: ignore[union-attr]
+        call.abort(None if isinstance(exc, GeneratorExit) else exc)
+        raise
+
+
+def _hook(call: Call, hook: Any, step: Retry | GiveUp) -> Flow:
+    """Run *hook* with the call's deadline current."""
+    call.enter_deadline()
+    try:
+        yield HOOK, (hook, step.event)
+    finally:
+        call.exit_deadline()
+
+
+def _give_up(call: Call, step: GiveUp) -> Flow:
+    """The ``on_give_up`` hook, when there is one to tell."""
+    hook = call.policy.on_give_up
+    if hook is not None and observable(step.event):
+        yield from _hook(call, hook, step)
+
+
+def _end(step: GiveUp) -> Any:
+    """Giving up after a hook: raise the last error or keep the result."""
+    event = step.event
+    if event.exception is not None:
+        raise event.exception
+    return event.result

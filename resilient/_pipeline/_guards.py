@@ -1,0 +1,139 @@
+"""
+The stateful parts a policy names, looked up once per decorated function.
+
+A registry lookup compares configurations, so it is done when the function
+is decorated, not per call; `resilient.testing.reset_registries()` bumps
+the registries' generation, and the guards look their parts up again on the
+next call (one int compare per call).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, final
+
+from resilient._core import _registry
+from resilient._pipeline._stage import ORDER, BreakerStage
+from resilient._retry_budget import get_retry_budget
+
+
+if TYPE_CHECKING:
+    from resilient._core._settings import RetrySettings
+    from resilient._pipeline._stage import Stage
+    from resilient._retry_budget import RetryBudget
+
+
+@final
+class Guards:
+    """
+    The admission stages (in `ORDER`) and the retry budget of one policy.
+    """
+
+    __slots__ = ("_policy", "bare", "budget", "generation", "stages")
+
+    def __init__(self, policy: RetrySettings) -> None:
+        self._policy = policy
+        self.generation = -1
+        """The registry generation the parts were looked up in."""
+        self.stages: tuple[Stage, ...] = ()
+        self.budget: RetryBudget | None = None
+        self.bare: BreakerStage | None = None
+        """The only guard when it is a breaker: while it is closed, a first
+        attempt runs bare."""
+        self.look_up()
+
+    def look_up(self) -> None:
+        """Look the parts up (again) in the registries."""
+        policy = self._policy
+        self.generation = _registry.generation()
+        self.stages = tuple(
+            make(policy.name, config)
+            for field, make in ORDER
+            if (config := getattr(policy, field)) is not None
+        )
+        self.budget = (
+            None
+            if policy.retry_budget is None
+            else get_retry_budget(policy.name, policy.retry_budget)
+        )
+        only = self.stages[0] if len(self.stages) == 1 else None
+        self.bare = (
+            only
+            if type(only) is BreakerStage and self.budget is None
+            else None
+        )
+
+    def fresh(self) -> Guards:
+        """These guards, looked up again if the registries were reset."""
+        if self.generation != _registry.generation():
+            self.look_up()
+        return self
+
+    @classmethod
+    def of(cls, policy: RetrySettings) -> Guards | None:
+        """The guards of *policy*, or None when it configures none."""
+        if policy.retry_budget is None and all(
+            getattr(policy, field) is None for field, _ in ORDER
+        ):
+            return None
+        return cls(policy)
+
+    def admission_wait(self) -> float:
+        """Seconds until every stage would admit an attempt."""
+        return max((s.retry_after() for s in self.stages), default=0.0)
+
+    def admit(self) -> list[object]:
+        """Every stage's ticket, outermost first; on a rejection, the
+        tickets already taken are released uncounted."""
+        tickets: list[object] = []
+        try:
+            for stage in self.stages:
+                tickets.append(stage.admit())  # noqa: PERF401 - kept as taken
+        except BaseException:
+            self.release(tickets)
+            raise
+        return tickets
+
+    async def aadmit(self) -> list[object]:
+        """`admit`, waiting as a task."""
+        tickets: list[object] = []
+        try:
+            for stage in self.stages:
+                tickets.append(await stage.aadmit())  # noqa: PERF401 - kept as taken
+        except BaseException:
+            self.release(tickets)
+            raise
+        return tickets
+
+    def release(self, tickets: list[object]) -> None:
+        """Release *tickets* uncounted, innermost first."""
+        for stage, ticket in reversed(
+            tuple(zip(self.stages, tickets, strict=False))
+        ):
+            stage.release(ticket)
+
+    def settle(
+        self,
+        tickets: list[object],
+        exc: BaseException | None,
+        own_timeout: bool,
+    ) -> None:
+        """The attempt ended: settle every ticket, innermost first."""
+        for stage, ticket in reversed(
+            tuple(zip(self.stages, tickets, strict=True))
+        ):
+            stage.settle(ticket, exc, own_timeout)
+
+    async def asettle(
+        self,
+        tickets: list[object],
+        exc: BaseException | None,
+        own_timeout: bool,
+    ) -> None:
+        """`settle` from async code; while cancelled, nothing is awaited."""
+        if exc is not None and not isinstance(exc, Exception):
+            self.settle(tickets, exc, own_timeout)
+            return
+        for stage, ticket in reversed(
+            tuple(zip(self.stages, tickets, strict=True))
+        ):
+            await stage.asettle(ticket, exc, own_timeout)

@@ -1,0 +1,292 @@
+"""
+The decorator drivers of the flow, sync and async, with the bare first
+attempt in front of them.
+
+Most calls succeed at once: a first attempt with no attempt timeout, no
+result predicate and no telemetry runs bare, with only the call's deadline
+in the context (and, through a closed breaker, counted without a permit);
+the call's state and the flow are made only when it fails, and the flow
+starts from that failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from types import CoroutineType
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio.lowlevel
+
+from resilient._core import _clock, _registry
+from resilient._core._loops import refuse_blocking
+from resilient._core._telemetry import disabled
+from resilient._pipeline._call import (
+    Call,
+    arun_hook,
+    run_hook,
+    timed_out,
+)
+from resilient._pipeline._flow import (
+    ADMIT,
+    HOOK,
+    RUN,
+    SETTLE,
+    SLEEP,
+    flow,
+)
+from resilient._retry._machine import WrongShell
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from resilient._core._settings import RetrySettings
+    from resilient._pipeline._flow import Flow
+    from resilient._pipeline._guards import Guards
+
+
+_DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
+_Coroutine: Final = CoroutineType
+
+
+def bare_ok(policy: RetrySettings) -> bool:
+    """
+    Whether a first attempt can run bare: no attempt timeout, no result
+    predicate, no telemetry. (Of the guards, only a closed breaker keeps
+    it bare.)
+    """
+    return (
+        policy.timeout is None
+        and policy.retry_if_result is None
+        and disabled()
+    )
+
+
+def _wrong_shell(fn: object, result: Any) -> WrongShell:
+    result.close()
+    return WrongShell(
+        f"{fn!r} is sync but returned a coroutine: declare it `async def` "
+        "to retry it from async code, or use `await policy.acall(fn)`"
+    )
+
+
+# The effects both decorator drivers and the block form carry out the same
+# way, one colour each.
+
+
+def perform(call: Call, op: int, arg: Any) -> Any:
+    """Carry out one effect of the flow (not RUN) in sync code."""
+    if op == ADMIT:
+        return arg.admit()
+    if op == SETTLE:
+        call.guards.settle(*arg)  # type: ignore[union-attr]
+    elif op == SLEEP:
+        seconds, error = arg
+        if seconds > 0:
+            try:
+                refuse_blocking(
+                    f"a sync retry of policy {call.policy.name!r}",
+                    "an async function under the policy, or `async for "
+                    "attempt in resilient.retrying(policy)`",
+                )
+            except RuntimeError as refused:
+                raise refused from error
+            call.clock.sleep(seconds)
+    elif op == HOOK:
+        run_hook(*arg)
+    return None
+
+
+async def aperform(call: Call, op: int, arg: Any) -> Any:
+    """Carry out one effect of the flow (not RUN) in async code."""
+    if op == ADMIT:
+        return await arg.aadmit()
+    if op == SETTLE:
+        await call.guards.asettle(*arg)  # type: ignore[union-attr]
+    elif op == SLEEP:
+        seconds = arg[0]
+        if seconds > 0:
+            await call.clock.asleep(seconds)
+        else:
+            await anyio.lowlevel.checkpoint()
+    elif op == HOOK:
+        # Hooks are bounded by the call's deadline (docs/retry.md).
+        with call.cancel_scope(call.deadline):
+            await arun_hook(*arg)
+    return None
+
+
+def drive(
+    call: Call,
+    gen: Flow,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """The sync driver: run *gen* to its end."""
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        try:
+            if thrown is None:
+                op, arg = gen.send(sent)
+            else:
+                op, arg = gen.throw(thrown)
+                thrown = None
+        except StopIteration as stop:
+            return stop.value
+        if op == RUN:
+            try:
+                result = fn(*args, **kwargs)
+                if type(result) is _Coroutine:
+                    raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                sent = (exc, None)
+            else:
+                sent = (None, result)
+            continue
+        try:
+            sent = perform(call, op, arg)
+        except BaseException as exc:  # noqa: BLE001 - the flow decides
+            thrown = exc
+
+
+async def adrive(
+    call: Call,
+    gen: Flow,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """The async driver: run *gen* to its end."""
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        try:
+            if thrown is None:
+                op, arg = gen.send(sent)
+            else:
+                op, arg = gen.throw(thrown)
+                thrown = None
+        except StopIteration as stop:
+            return stop.value
+        if op == RUN:
+            try:
+                with call.cancel_scope(arg) as scope:
+                    result = await fn(*args, **kwargs)
+                if scope.cancelled_caught:
+                    raise timed_out(arg)  # noqa: TRY301
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                sent = (exc, None)
+            else:
+                sent = (None, result)
+            continue
+        try:
+            sent = await aperform(call, op, arg)
+        except BaseException as exc:  # noqa: BLE001 - the flow decides
+            thrown = exc
+
+
+def call_sync(  # noqa: C901 - the bare first attempt, inline for speed
+    policy: RetrySettings,
+    guards: Guards | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """A call through *policy*, sync: the bare first attempt, then the
+    flow."""
+    # The registries were reset: look the parts up again (one int compare
+    # per call; the module global, not a call of generation()).
+    if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001
+        guards.look_up()
+    if bare_ok(policy):
+        bare = None if guards is None else guards.bare
+        if guards is None or bare is not None:
+            start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
+            budget = policy.budget
+            ticket = None if bare is None else bare.fast_admit()
+            if bare is None or ticket is not None:
+                token = _DEADLINE.set(
+                    outer if budget is None else min(outer, start + budget)
+                )
+                try:
+                    result = fn(*args, **kwargs)
+                    if type(result) is _Coroutine:
+                        raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
+                except BaseException as exc:
+                    if ticket is not None:
+                        bare.fast_settle(ticket, exc)  # type: ignore[union-attr]
+                    if not isinstance(exc, Exception):
+                        raise
+                    failed = exc
+                else:
+                    if ticket is not None:
+                        bare.fast_settle(ticket, None)  # type: ignore[union-attr]
+                    return result
+                finally:
+                    _DEADLINE.reset(token)
+                call = Call(policy, guards, start, outer)
+                return drive(call, flow(call, failed), fn, args, kwargs)
+    call = Call(policy, guards)
+    return drive(call, flow(call), fn, args, kwargs)
+
+
+async def call_async(
+    policy: RetrySettings,
+    guards: Guards | None,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """A call through *policy*, async: the bare first attempt when no
+    deadline needs a cancel scope, then the flow."""
+    # The registries were reset: look the parts up again (one int compare
+    # per call; the module global, not a call of generation()).
+    if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001
+        guards.look_up()
+    if (
+        policy.budget is None
+        and bare_ok(policy)
+        and _DEADLINE.get() == math.inf
+    ):
+        bare = None if guards is None else guards.bare
+        if guards is None:
+            # Inline, not a helper: one coroutine frame less per call.
+            start = _clock._clock.now()  # noqa: SLF001
+            try:
+                return await fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001 - the flow decides
+                call = Call(policy, None, start, math.inf)
+                gen = flow(call, exc)
+            return await adrive(call, gen, fn, args, kwargs)
+        if bare is not None:
+            ticket = bare.fast_admit()
+            if ticket is not None:
+                start = _clock._clock.now()  # noqa: SLF001
+                try:
+                    result = await fn(*args, **kwargs)
+                except BaseException as exc:
+                    await bare.afast_settle(ticket, exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    call = Call(policy, guards, start, math.inf)
+                    gen = flow(call, exc)
+                else:
+                    await bare.afast_settle(ticket, None)
+                    return result
+                return await adrive(call, gen, fn, args, kwargs)
+    call = Call(policy, guards)
+    return await adrive(call, flow(call), fn, args, kwargs)
+
+
+def shells(
+    policy: RetrySettings, guards: Guards | None
+) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The sync and async shells of one decorated function: partials, not
+    closures (one Python frame less per call)."""
+    return (
+        functools.partial(call_sync, policy, guards),
+        functools.partial(call_async, policy, guards),
+    )

@@ -1,0 +1,374 @@
+"""
+The retry machine: what to do after each attempt, and nothing else.
+
+Fed the outcome of each attempt and reading the clock, it answers `Retry`
+(with the delay) or `GiveUp` (with the reason). It never sleeps, awaits or
+runs hooks; the pipeline's flow (`resilient._pipeline._flow`) carries out
+what it decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING, Final, final
+
+from resilient._core import _settings, _state
+from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
+from resilient.exceptions import CircuitOpen, Rejected
+
+
+if TYPE_CHECKING:
+    import random
+    from collections.abc import Callable
+
+    from resilient._policy import Policy  # For type checkers only.
+    from resilient._retry_budget import RetryBudget
+    from resilient.typing import Clock
+
+
+log: Final = logging.getLogger("resilient")
+
+# What the machine reads of a policy (imported for the protocol's sake: it
+# is the API this layer is written against).
+RetrySettings = _settings.RetrySettings
+
+
+class WrongShell(TypeError):
+    """A sync function under an async call or the reverse: never retried."""
+
+
+@final
+class RetryMachine:
+    """
+    The decisions of one retrying call, and nothing else.
+
+    Fed the outcome of each attempt and reading the clock, it answers
+    `Retry` (with the delay) or `GiveUp` (with the reason). Pure but for the
+    jitter it draws from *rng* and the retry budget it asks.
+
+    A user's predicate, hint reader or backoff that raises or returns
+    nonsense never replaces the call's own error: it is logged, and the
+    error is not retried (the result is accepted).
+
+    Args:
+        policy: The policy.
+        clock: Where time is read.
+        rng: The jitter's random source.
+        start: When the call started, on *clock*.
+        deadline: The absolute time no attempt may start at or after: the
+            earlier of the policy's budget and any enclosing deadline.
+        retry_budget: The dependency's shared retry budget, asked before
+            every retry; None for no budget.
+        admission_wait: Seconds until every admission stage (the breaker)
+            admits a call (0 when it would now); a retry never starts
+            before that, and gives up at once when that is past the
+            deadline.
+        breaker_wait: The old name of *admission_wait*.
+
+    .. versionchanged:: 26.12.0
+       Outwaits any `resilient.exceptions.Rejected`, not only
+       `CircuitOpen`; *admission_wait* is the new name of *breaker_wait*.
+    """
+
+    __slots__ = (
+        "_budget_end",
+        "_max_attempts",
+        "_previous",
+        "_rejections",
+        "_testing",
+        "admission_wait",
+        "attempt",
+        "clock",
+        "deadline",
+        "policy",
+        "retry_budget",
+        "rng",
+        "start",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        policy: Policy | RetrySettings,
+        clock: Clock,
+        rng: random.Random,
+        start: float,
+        *,
+        deadline: float = math.inf,
+        retry_budget: RetryBudget | None = None,
+        admission_wait: Callable[[], float] | None = None,
+        breaker_wait: Callable[[], float] | None = None,
+    ) -> None:
+        self.policy: RetrySettings = policy
+        self.retry_budget = retry_budget
+        self.admission_wait = (
+            admission_wait if admission_wait is not None else breaker_wait
+        )
+        self.clock = clock
+        self.rng = rng
+        self.start = start
+        self._budget_end = (
+            start + policy.budget if policy.budget is not None else math.inf
+        )
+        self.deadline = min(deadline, self._budget_end)
+        self.attempt = 1
+        """The number of the attempt in progress; 1 is the first."""
+        self.wake = start
+        """When the wait of the last `Retry` ends, on *clock*."""
+        self._previous = 0.0
+        self._rejections = 0
+        testing = _state.testing
+        self._testing = testing.active
+        limit = policy.attempts if policy.attempts is not None else math.inf
+        if testing.active and testing.attempts is not None:
+            limit = min(limit, testing.attempts)
+        self._max_attempts = limit
+
+    def attempt_deadline(self) -> float:
+        """The absolute deadline of the attempt about to start."""
+        timeout = self.policy.timeout
+        if timeout is None:
+            return self.deadline
+        return min(self.deadline, self.clock.now() + timeout)
+
+    def is_transient(self, exc: Exception) -> bool:
+        """
+        Whether the policy retries *exc*; a predicate that raises is logged
+        and the error is not retried.
+        """
+        retry_on = self.policy.retry_on
+        if isinstance(retry_on, tuple):
+            return isinstance(exc, retry_on) and not isinstance(
+                exc, WrongShell
+            )
+        if isinstance(exc, WrongShell):
+            return False
+        try:
+            return bool(retry_on(exc))
+        except Exception:
+            log.exception(
+                "resilient: retry_on predicate %r of policy %r raised; the "
+                "error is not retried",
+                retry_on,
+                self.policy.name,
+            )
+            return False
+
+    def on_error(self, exc: BaseException) -> Retry | GiveUp:
+        """
+        The attempt raised *exc*: retry it or give up.
+
+        Only instances of `Exception` are retried; cancellation,
+        `KeyboardInterrupt` and `SystemExit` give up at once. A `Rejected`
+        that says when to come back (the attempt never ran) is outwaited.
+        """
+        if isinstance(exc, Rejected) and exc.retry_after is not None:
+            return self._outwait(exc, exc.retry_after)
+        if not isinstance(exc, Exception) or not self.is_transient(exc):
+            return self._give_up("not_retryable", exc, None)
+        return self._next(exc, None, self._hint(exc))
+
+    def _hint(self, exc: Exception) -> float | None:
+        reader = self.policy.retry_after
+        if reader is None:
+            return None
+        try:
+            hint = reader(exc)
+            if hint is not None:
+                if math.isnan(hint):
+                    return None
+                hint = max(hint, 0.0)
+        except Exception:
+            log.exception(
+                "resilient: retry_after reader %r of policy %r raised; "
+                "no hint used",
+                reader,
+                self.policy.name,
+            )
+            return None
+        return hint
+
+    def _outwait(self, exc: Rejected, retry_after: float) -> Retry | GiveUp:
+        """
+        A stage rejected the attempt before it reached the dependency:
+        wait until the stage may admit it, plus this call's own jitter so
+        that a fleet of callers does not return in one wave, if that fits
+        in the deadline; else give up now.
+
+        A rejection is not an attempt and spends no retry budget (nothing
+        reached the dependency): the deadline bounds the waits, and a call
+        tolerates at most as many rejections as it has attempts, so a stage
+        that rejects with no wait cannot make it spin. In testing mode,
+        where waits are zero, a rejection gives up at once.
+        """
+        reason: GiveUpReason = (
+            "breaker_open" if isinstance(exc, CircuitOpen) else "rejected"
+        )
+        self._rejections += 1
+        if self._testing:
+            return self._give_up(reason, exc, None)
+        if self._rejections > self._max_attempts:
+            return self._give_up("attempts", exc, None)
+        spread = self._spread(retry_after if retry_after > 0 else 0.0)
+        backoff = self._backoff()
+        if backoff is None:
+            return self._give_up("backoff_error", exc, None)
+        wait = spread + backoff
+        now = self.clock.now()
+        if now + wait >= self.deadline:
+            return self._give_up(reason, exc, None)
+        self.wake = now + wait
+        return Retry(wait, self._event(exc, None, wait, None))
+
+    def _spread(self, wait: float) -> float:
+        """
+        A stage's wait T, spread uniformly over [T, T + max(T, cap)],
+        where cap is the backoff's cap (the policy's own word on how widely
+        it spreads retries): every caller waiting for the same breaker would
+        otherwise come back in the instant it closes, and re-open it (see
+        "Retry and an open breaker" in docs/design.md).
+        """
+        if wait == math.inf:
+            return wait
+        cap = getattr(self.policy.backoff, "cap", 0.0)
+        return wait + self.rng.uniform(0.0, max(wait, cap))
+
+    def _backoff(self) -> float | None:
+        """The backoff's delay; None (logged) when it is not a delay."""
+        backoff = self.policy.backoff
+        try:
+            delay = backoff.delay(self.attempt - 1, self._previous, self.rng)
+            if 0.0 <= delay < math.inf:
+                return delay
+            log.error(
+                "resilient: backoff %r of policy %r returned %r, which is "
+                "not a finite number of seconds >= 0; giving up",
+                backoff,
+                self.policy.name,
+                delay,
+            )
+        except Exception:
+            log.exception(
+                "resilient: backoff %r of policy %r raised; giving up",
+                backoff,
+                self.policy.name,
+            )
+        return None
+
+    def on_result(self, value: object) -> Retry | GiveUp | None:
+        """
+        The attempt returned *value*: None accepts it, else retry or give
+        up. A predicate that raises is logged and the value accepted.
+        """
+        check = self.policy.retry_if_result
+        if check is None:
+            return None
+        try:
+            retry = check(value)
+        except Exception:
+            log.exception(
+                "resilient: retry_if_result predicate %r of policy %r "
+                "raised; the result is accepted",
+                check,
+                self.policy.name,
+            )
+            return None
+        if not retry:
+            return None
+        return self._next(None, value, None)
+
+    def _next(
+        self, exc: Exception | None, result: object, hint: float | None
+    ) -> Retry | GiveUp:
+        if self.attempt >= self._max_attempts:
+            return self._give_up("attempts", exc, result)
+        if self._testing:
+            delay = 0.0
+        elif hint is not None:
+            delay = min(hint, self.policy.max_retry_after)
+        else:
+            backoff = self._backoff()
+            if backoff is None:
+                return self._give_up("backoff_error", exc, result)
+            delay = backoff
+        # Never retry into a stage that will not admit: wait until it may,
+        # then this call's backoff on top, so the fleet spreads out.
+        blocked = False
+        if self.admission_wait is not None and not self._testing:
+            wait = self.admission_wait()
+            if wait > 0:
+                delay, blocked = self._spread(wait) + delay, True
+        # Never start a wait that ends at or past the deadline: the attempt
+        # after it would have no time left.
+        now = self.clock.now()
+        if now + delay >= self.deadline:
+            return self._give_up(
+                "breaker_open" if blocked else self._late(), exc, result
+            )
+        budget = self.retry_budget
+        if budget is not None and not budget.try_acquire_retry():
+            return self._give_up("retry_budget", exc, result)
+        event = self._event(exc, result, delay, None)
+        self._previous = delay
+        self.attempt += 1
+        self.wake = now + delay
+        return Retry(delay, event)
+
+    def _late(self) -> GiveUpReason:
+        return "budget" if self.deadline == self._budget_end else "deadline"
+
+    def after_hook(self, step: Retry) -> float | GiveUp:
+        """
+        The wait left of *step* once its ``before_sleep`` hook has run: the
+        hook's time is part of the wait; when the hook ran to or past the
+        deadline, give up instead of starting an attempt with no time.
+        """
+        now = self.clock.now()
+        if now >= self.deadline:
+            event = step.event
+            return self._give_up(self._late(), event.exception, event.result)
+        return max(0.0, min(self.wake, self.deadline) - now)
+
+    def _give_up(
+        self, reason: GiveUpReason, exc: BaseException | None, result: object
+    ) -> GiveUp:
+        return GiveUp(reason, self._event(exc, result, None, reason))
+
+    def _event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float | None,
+        reason: GiveUpReason | None,
+    ) -> RetryEvent:
+        return RetryEvent(
+            policy=self.policy.name,
+            attempt=self.attempt,
+            elapsed=self.clock.now() - self.start,
+            delay=delay,
+            exception=exc,
+            result=result,
+            reason=reason,
+        )
+
+
+def note(exc: BaseException, step: GiveUp) -> None:
+    """
+    Annotate *exc* with why its call gave up: once per exception object
+    and policy, however often one object is raised again.
+    """
+    e = step.event
+    if step.reason == "not_retryable" and e.attempt == 1:
+        return  # A plain failure of a first attempt: nothing to add.
+    prefix = f"resilient: gave up on {e.policy!r} "
+    notes = getattr(exc, "__notes__", None)
+    if notes is not None and any(
+        isinstance(n, str) and n.startswith(prefix) for n in notes
+    ):
+        return
+    exc.add_note(
+        f"{prefix}after {e.attempt} "
+        f"attempt{'s' if e.attempt != 1 else ''} in {e.elapsed:.3f}s "
+        f"({step.reason.replace('_', ' ')})"
+    )
