@@ -185,6 +185,25 @@ class TestEnterAndLeave:
 
 
 class TestWaiting:
+    def test_a_refusal_is_a_rejection_that_retry_outwaits(
+        self, url: str, clock: FakeClock
+    ) -> None:
+        """`LockNotAcquired` is a `resilient.Rejected` whose ``retry_after``
+        is the holder's time left: a policy around a non-blocking acquire
+        waits that long (not an attempt's backoff) and gets the lock once
+        the holder's lease has run out."""
+        start = clock.now()
+        hold(url, ttl=3.0)  # Never renewed: it runs out in 3 s.
+        lock = resilient.lock("job", backend=url, blocking=False)
+        policy = resilient.Policy(
+            retry_on=(), backoff=resilient.Constant(seconds=0.01)
+        )
+        lease = policy.call(lock.acquire)
+        assert lease.held
+        assert clock.now() - start >= 3.0
+        lease.release()
+        assert issubclass(resilient.LockNotAcquired, resilient.Rejected)
+
     def test_non_blocking_try_refuses_at_once(
         self, driver: Driver, url: str, clock: FakeClock
     ) -> None:
@@ -814,6 +833,7 @@ class TestStoreFailures:
         with pytest.raises(resilient.LockNotAcquired) as info:
             driver.call(lock, lambda: None)
         assert info.value.reason == "unavailable"
+        assert info.value.retry_after is None  # The store did not say.
         assert isinstance(info.value.__cause__, ConnectionError)
         assert "did not answer" in str(info.value)
         assert len(released) == 1

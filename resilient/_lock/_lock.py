@@ -424,8 +424,8 @@ def _not_acquired(  # noqa: PLR0917
     error: BaseException | None,
 ) -> LockNotAcquired:
     waited = _clock.get_clock().now() - acq.start
-    after = 0.0
-    if busy is not None and busy.expires_in is not None:
+    after = None
+    if error is None and busy is not None and busy.expires_in is not None:
         after = max(busy.expires_in, 0.0)
     telemetry.end(reason, error=True)
     exc = LockNotAcquired(lock.key.shown, reason, waited, after)
