@@ -386,3 +386,35 @@ def test_the_shells_on_the_embedded_store(url: str) -> None:
     with sqlite3.connect(path) as db:
         held = "SELECT count(*) FROM leases WHERE expires_ns != 0"
         assert db.execute(held).fetchone() == (0,)
+
+
+def test_exit_releases_leases_no_thread_still_uses(url: str) -> None:
+    """At interpreter exit, a lease the main thread took by hand and never
+    released is released (its row is free at once, not after its 30 s TTL),
+    while one a daemon thread still holds is left to expire, and the lock
+    files nobody uses are removed."""
+    code = """
+    import os, threading, resilient
+    url = os.environ["URL"]
+    resilient.lock("main", backend=url, ttl=30).acquire()
+    held = threading.Event()
+    def daemon():
+        with resilient.lock("daemon", backend=url, ttl=30):
+            held.set()
+            threading.Event().wait()
+    threading.Thread(target=daemon, daemon=True).start()
+    held.wait(10)
+    print("exiting", flush=True)
+    """
+    child = start(code, url)
+    out, err = child.communicate(timeout=30)
+    assert (out.strip(), child.returncode) == ("exiting", 0), err
+    path = Path(url.removeprefix("sqlite:///"))
+    with sqlite3.connect(path) as db:
+        rows = dict(db.execute("SELECT name, expires_ns FROM leases"))
+    assert rows[LockKey.of("main").hex] == 0  # Released.
+    assert rows[LockKey.of("daemon").hex] > time.monotonic_ns()  # Left.
+    lock_dir = Path(f"{path}.locks")
+    assert [p.name for p in lock_dir.iterdir()] == [
+        f"{LockKey.of('daemon').hex}.lock"
+    ]
