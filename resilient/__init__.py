@@ -65,6 +65,11 @@ from resilient._retry_budget import (
     RetryBudgetStatistics,
     retry_budget,
 )
+from resilient._singleflight import (
+    SingleFlight,
+    SingleFlightStatistics,
+    singleflight,
+)
 from resilient._timeout import (
     TimeoutScope,
     deadline_from_header,
@@ -130,6 +135,8 @@ __all__ = [
     "RetryEvent",
     "Retrying",
     "ScopeCancelled",
+    "SingleFlight",
+    "SingleFlightStatistics",
     "TimeWindow",
     "TimedOut",
     "TimeoutScope",
@@ -154,6 +161,7 @@ __all__ = [
     "retrying",
     "schedule",
     "set_breaker_defaults",
+    "singleflight",
     "timeout",
     "timeout_at",
 ]

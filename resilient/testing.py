@@ -155,12 +155,10 @@ def reset_registries() -> None:
 
     .. versionadded:: 26.11.0
     """
-    from resilient._breaker import _REGISTRY  # noqa: PLC0415
     from resilient._bulkhead import BULKHEADS  # noqa: PLC0415
     from resilient._core._registry import reset_all  # noqa: PLC0415
     from resilient._retry_budget import RETRY_BUDGETS  # noqa: PLC0415
 
-    _REGISTRY.clear()
     BULKHEADS.clear()
     RETRY_BUDGETS.clear()
     reset_all()

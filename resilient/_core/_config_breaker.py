@@ -7,7 +7,9 @@ and reads these objects; nothing here imports it.
 
 from __future__ import annotations
 
+import enum
 import logging
+import math
 from collections.abc import Callable
 from typing import (
     TYPE_CHECKING,
@@ -21,9 +23,11 @@ from typing import (
 
 import attrs
 
+from resilient._core._decorate import is_async_callable
 from resilient._core._validate import (
     check_classes_or_predicate,
     check_exception_classes,
+    check_int,
     check_number,
     field_name,
     positive,
@@ -47,7 +51,82 @@ FailureOn = (
 """What `BreakerConfig.failure_on` accepts."""
 
 Verdict = Literal["failure", "success", "ignore"]
-"""How a breaker counts an exception."""
+"""How a breaker counts an exception, as `BreakerConfig.verdict` names it."""
+
+
+class Outcome(enum.IntEnum):
+    """
+    How a breaker counts a call: the one form the machine, the shells and
+    the pipeline pass around. An `int` so that the window takes it as a bit
+    (`FAILURE` is the failure bit) without a lookup.
+    """
+
+    SUCCESS = 0
+    """The dependency answered."""
+    FAILURE = 1
+    """The dependency failed."""
+    IGNORE = 2
+    """Counts neither way (and frees a probe's slot)."""
+
+    @property
+    def verdict(self) -> Verdict:
+        """The outcome's name as `BreakerConfig.verdict` gives it."""
+        return _VERDICT_NAMES[self]
+
+
+_VERDICT_NAMES: Final[tuple[Verdict, Verdict, Verdict]] = (
+    "success",
+    "failure",
+    "ignore",
+)
+
+MAX_COUNT_WINDOW: Final = 1_000_000
+"""The largest `CountWindow` size: a byte per call, so 1 MB per breaker."""
+MIN_TIME_WINDOW: Final = 1e-3
+"""The shortest `TimeWindow`, in seconds (its 60 buckets must be real)."""
+MAX_TIME_WINDOW: Final = 1e9
+"""The longest `TimeWindow`, in seconds (about 31 years)."""
+MAX_GROWTH: Final = 1000.0
+"""The largest `BreakerConfig.open_interval_growth`: more reaches
+*max_open_interval* on the first re-opening anyway."""
+
+
+def _count_size(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_int(inst, attribute, value)
+    if value > MAX_COUNT_WINDOW:  # type: ignore[operator]
+        raise ConfigError(
+            field_name(inst, attribute),
+            value,
+            f"must be <= {MAX_COUNT_WINDOW:,} (a byte per call)",
+        )
+
+
+def _window_seconds(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    check_number(inst, attribute, value, strict=True, maximum=MAX_TIME_WINDOW)
+    if value < MIN_TIME_WINDOW:  # type: ignore[operator]
+        raise ConfigError(
+            field_name(inst, attribute),
+            value,
+            f"must be >= {MIN_TIME_WINDOW:g} s (60 buckets of it)",
+        )
+
+
+def _to_ratio(value: object) -> object:
+    """
+    An int becomes a float (one too large for a float an infinity, which
+    the validator refuses); anything else is left for the validator, so a
+    `datetime.timedelta` is refused: a ratio is not a duration.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    return value
 
 
 @final
@@ -57,12 +136,13 @@ class CountWindow:
     A count-based sliding window: the outcomes of the last *size* calls.
 
     Args:
-        size: How many of the latest calls the failure rate is taken over.
+        size: How many of the latest calls the failure rate is taken over,
+            from 1 to 1,000,000 (the window keeps a byte per call).
 
     .. versionadded:: 26.11.0
     """
 
-    size: int = attrs.field(default=100, validator=positive_int)
+    size: int = attrs.field(default=100, validator=_count_size)
 
 
 @final
@@ -77,13 +157,13 @@ class TimeWindow:
 
     Args:
         seconds: The window's length, in seconds (`datetime.timedelta` is
-            accepted).
+            accepted), from 0.001 to 1e9.
 
     .. versionadded:: 26.11.0
     """
 
     seconds: float = attrs.field(
-        default=60.0, converter=to_seconds, validator=positive
+        default=60.0, converter=to_seconds, validator=_window_seconds
     )
 
 
@@ -105,16 +185,23 @@ def _rate(
     check_number(inst, attribute, value, strict=True, maximum=1.0)
 
 
-def _at_least_one(
+def _growth(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
-    check_number(inst, attribute, value, minimum=1.0)
+    check_number(inst, attribute, value, minimum=1.0, maximum=MAX_GROWTH)
 
 
 def _check_failure_on(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
     check_classes_or_predicate(inst, attribute, value, never="never count")
+    if not isinstance(value, tuple) and is_async_callable(value):
+        raise ConfigTypeError(
+            field_name(inst, attribute),
+            value,
+            "must be a plain (sync) predicate: the breaker cannot await it, "
+            "and an un-awaited coroutine would read as true",
+        )
 
 
 def _check_ignore_on(
@@ -149,8 +236,9 @@ class BreakerConfig:
         open_interval: Seconds an opened breaker rejects calls before it
             admits probes.
         open_interval_growth: Each time half-open probes fail and the
-            breaker re-opens, the interval is multiplied by this (>= 1; 1
-            keeps it constant). It goes back to *open_interval* on close.
+            breaker re-opens, the interval is multiplied by this (from 1 to
+            1000; 1 keeps it constant). It goes back to *open_interval* on
+            close.
         max_open_interval: Seconds; the interval never grows past this.
         half_open_probes: At most this many probes run at once while
             half-open, and this many successes in a row close the breaker.
@@ -158,7 +246,8 @@ class BreakerConfig:
             failed and re-opens the breaker, so a stuck probe cannot wedge
             it half-open. Its late outcome is ignored.
         failure_on: Which exceptions count as failures: exception classes
-            or a predicate. Other exceptions count as successes (the
+            or a predicate (a plain function: an ``async def`` one is
+            refused). Other exceptions count as successes (the
             dependency answered). Cancellation, `KeyboardInterrupt` and
             `SystemExit` never count.
         ignore_on: Exceptions that count neither way, checked first.
@@ -176,20 +265,20 @@ class BreakerConfig:
         factory=TimeWindow, validator=_check_window
     )
     failure_rate: float = attrs.field(
-        default=0.5, converter=to_seconds, validator=_rate
+        default=0.5, converter=_to_ratio, validator=_rate
     )
     minimum_calls: int = attrs.field(default=5, validator=positive_int)
     slow_call_duration: float | None = attrs.field(
         default=None, converter=to_seconds, validator=positive_or_none
     )
     slow_call_rate: float = attrs.field(
-        default=1.0, converter=to_seconds, validator=_rate
+        default=1.0, converter=_to_ratio, validator=_rate
     )
     open_interval: float = attrs.field(
         default=30.0, converter=to_seconds, validator=positive
     )
     open_interval_growth: float = attrs.field(
-        default=1.0, converter=to_seconds, validator=_at_least_one
+        default=1.0, converter=_to_ratio, validator=_growth
     )
     max_open_interval: float = attrs.field(
         default=300.0, converter=to_seconds, validator=positive
@@ -228,9 +317,9 @@ class BreakerConfig:
                 "or the breaker could never open",
             )
 
-    def verdict(self, exc: BaseException) -> Verdict:
+    def outcome(self, exc: BaseException) -> Outcome:
         """
-        How *exc* counts: ``"failure"``, ``"success"`` or ``"ignore"``.
+        How *exc* counts, as an `Outcome`.
 
         A `BaseException` that is not an `Exception` (cancellation,
         `KeyboardInterrupt`, `SystemExit`) is always ignored. A *failure_on*
@@ -238,10 +327,12 @@ class BreakerConfig:
         failure.
         """
         if not isinstance(exc, Exception) or isinstance(exc, self.ignore_on):
-            return "ignore"
+            return Outcome.IGNORE
         test = self.failure_on
         if isinstance(test, tuple):
-            return "failure" if isinstance(exc, test) else "success"
+            return (
+                Outcome.FAILURE if isinstance(exc, test) else Outcome.SUCCESS
+            )
         try:
             failed = bool(test(exc))
         except Exception:
@@ -251,7 +342,14 @@ class BreakerConfig:
                 test,
             )
             failed = True
-        return "failure" if failed else "success"
+        return Outcome.FAILURE if failed else Outcome.SUCCESS
+
+    def verdict(self, exc: BaseException) -> Verdict:
+        """
+        How *exc* counts: ``"failure"``, ``"success"`` or ``"ignore"``; the
+        name of `outcome`.
+        """
+        return _VERDICT_NAMES[self.outcome(exc)]
 
     def evolve(self, **changes: Unpack[BreakerConfigChanges]) -> BreakerConfig:
         """
@@ -282,4 +380,4 @@ class BreakerConfigChanges(TypedDict, total=False):
     ignore_on: type[Exception] | tuple[type[Exception], ...]
 
 
-__all__ = ["BreakerConfig", "CountWindow", "TimeWindow"]
+__all__ = ["BreakerConfig", "CountWindow", "Outcome", "TimeWindow"]

@@ -251,6 +251,15 @@ pay("3")  # type: ignore[arg-type]
 with payments_breaker as breaker_permit:
     assert_type(breaker_permit, resilient.BreakerPermit)
 
+
+async def _async_with_breaker() -> None:
+    async with payments_breaker as permit:
+        assert_type(permit, resilient.BreakerPermit)
+
+
+with payments_breaker as breaker_permit:
+    assert_type(breaker_permit, resilient.BreakerPermit)
+
 db = resilient.bulkhead("db", max_concurrent=10, max_wait=0.5)
 assert_type(db, resilient.Bulkhead)
 assert_type(db.statistics(), resilient.BulkheadStatistics)
@@ -389,3 +398,33 @@ def _lowlevel() -> None:
     if isinstance(step, resilient.lowlevel.Retry):
         assert_type(step.delay, float)
     assert_type(machine.attempt, int)
+
+
+# Singleflight: the decorator keeps the signature; the group's calls are
+# typed by the function they run.
+
+
+def _singleflight() -> None:
+    @resilient.singleflight(key=lambda user: user)
+    def load(user: int) -> str:
+        return str(user)
+
+    @resilient.singleflight()
+    async def aload(user: int) -> str:
+        return str(user)
+
+    assert_type(load(1), str)
+    load("1")  # type: ignore[arg-type]
+
+    group = resilient.SingleFlight(name="users")
+    assert_type(group.call("k", load, 1), str)
+    group.call("k", load, "1")  # type: ignore[arg-type]
+    assert_type(group.forget("k"), bool)
+    assert_type(group.statistics(), resilient.SingleFlightStatistics)
+    assert_type(group.statistics().joined, int)
+    assert_type(len(group), int)
+    assert_type("k" in group, bool)
+
+    async def main() -> None:
+        assert_type(await aload(1), str)
+        assert_type(await group.acall("k", aload, 1), str)

@@ -1,0 +1,159 @@
+"""
+How ``with`` and ``async with`` blocks keep their breaker permits.
+
+Each block keeps its permit on an object of its own, a cell the block's
+``__exit__`` is bound to (see `ExitSlot`), so that an exception landing
+anywhere in ``__exit__``, even at its first instruction, leaves nothing
+behind for a later block to mistake for its own, and so that no name costs
+the thread's context an entry. Blocks entered by calling ``__enter__`` by
+hand fall back to one module-level context variable holding a stack of
+(breaker, permit) entries, one key for every breaker.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import threading
+import weakref
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
+
+from resilient._breaker._machine import SUCCESS
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from resilient._breaker._breaker import CircuitBreaker
+    from resilient._breaker._machine import BreakerPermit
+
+
+_Stack: TypeAlias = "tuple[CircuitBreaker, BreakerPermit, _Stack] | None"
+
+_ENTERED: Final[contextvars.ContextVar[_Stack]] = contextvars.ContextVar(
+    "resilient_breaker_entered", default=None
+)
+"""Permits entered by calling ``__enter__`` by hand, innermost first."""
+
+
+class _Pending(threading.local):
+    """Per thread: the exit a ``with`` statement just looked up, weakly."""
+
+    exit: weakref.ref[functools.partial[Any]] | None = None
+
+
+_pending: Final = _Pending()
+
+
+@final
+class ExitSlot:
+    """
+    ``CircuitBreaker.__exit__`` (and ``__aexit__``): each lookup makes a
+    fresh cell, ``[breaker, permit]``, and returns the exit bound to it.
+
+    A ``with`` statement looks ``__exit__`` up before it calls
+    ``__enter__``, with no other code of ours in between, and keeps the
+    bound exit on its frame until the block ends: `take_cell` gives
+    ``__enter__`` the cell that was just made (found through a weak
+    reference, so a stale one is never taken) to put its permit in. So each
+    block settles its own permit, and a block whose exit never ran leaves
+    nothing behind: its cell goes with it, and a probe's slot with the
+    permit.
+    """
+
+    __slots__ = ("_exit",)
+
+    def __init__(self, exit_: Callable[..., Any]) -> None:
+        self._exit = exit_
+
+    def __get__(
+        self, cb: CircuitBreaker | None, owner: object = None
+    ) -> Callable[..., Any]:
+        bound = functools.partial(self._exit, [cb, None])
+        _pending.exit = weakref.ref(bound)
+        return bound
+
+
+def take_cell(cb: CircuitBreaker) -> list[Any] | None:
+    """
+    The cell the ``with`` statement entering *cb* just made; None when
+    ``__enter__`` was called by hand (the last exit looked up is gone, or
+    is not for *cb*, or has a permit already).
+    """
+    ref = _pending.exit
+    _pending.exit = None
+    bound = None if ref is None else ref()
+    if bound is None:
+        return None
+    cell: list[Any] = bound.args[0]
+    if cell[1] is not None:
+        return None
+    owner = cell[0]
+    if owner is None:  # Looked up on the class (contextlib.ExitStack).
+        cell[0] = cb
+    elif owner is not cb:
+        return None
+    return cell
+
+
+def push_entered(cb: CircuitBreaker, permit: BreakerPermit) -> None:
+    """Keep a permit entered by hand, for the matching `__exit__`."""
+    _ENTERED.set((cb, permit, _ENTERED.get()))
+
+
+def pop_entered(cb: CircuitBreaker) -> BreakerPermit:
+    """The innermost permit entered by hand for *cb*."""
+    stack = _ENTERED.get()
+    skipped: list[tuple[CircuitBreaker, BreakerPermit]] = []
+    while stack is not None and stack[0] is not cb:
+        skipped.append((stack[0], stack[1]))
+        stack = stack[2]
+    if stack is None:
+        raise RuntimeError(
+            f"breaker {cb.name!r} exited more often than entered"
+        )
+    rest = stack[2]
+    for other, permit in reversed(skipped):
+        rest = (other, permit, rest)
+    _ENTERED.set(rest)
+    return stack[1]
+
+
+def _unpack(
+    cell: list[Any], args: tuple[Any, ...]
+) -> tuple[CircuitBreaker, BreakerPermit, BaseException | None]:
+    cb: CircuitBreaker = cell[0]
+    permit: BreakerPermit | None = cell[1]
+    cell[1] = None
+    if permit is None:  # Entered by hand: the context's stack.
+        permit = pop_entered(cb)
+    return cb, permit, args[-2]
+
+
+def exit_block(cell: list[Any], *args: Any) -> None:
+    """
+    The exit of one ``with`` block: called ``(exc_type, exc, tb)``, or
+    ``(cm, exc_type, exc, tb)`` as `contextlib.ExitStack` calls an exit
+    looked up on the class.
+    """
+    cb, permit, exc = _unpack(cell, args)
+    outcome = SUCCESS if exc is None else cb.config.outcome(exc)
+    events = cb._record(  # noqa: SLF001
+        permit.epoch, permit.start, permit.probe, outcome, permit
+    )
+    if events:
+        cb._notify(events)  # noqa: SLF001
+
+
+async def aexit_block(cell: list[Any], *args: Any) -> None:
+    """The exit of one ``async with`` block (see `exit_block`)."""
+    cb, permit, exc = _unpack(cell, args)
+    outcome = SUCCESS if exc is None else cb.config.outcome(exc)
+    events = cb._record(  # noqa: SLF001
+        permit.epoch, permit.start, permit.probe, outcome, permit
+    )
+    if events:
+        if exc is None or isinstance(exc, Exception):
+            await cb._anotify(events)  # noqa: SLF001
+        else:  # Cancelled: never await while cancelled.
+            cb._notify(events)  # noqa: SLF001

@@ -1,0 +1,555 @@
+"""
+The circuit breaker's shells: `CircuitBreaker`, sync and async alike.
+
+A `CircuitBreaker` wraps one `_BreakerMachine` in a short `threading.Lock`
+that is never held while the protected call runs nor across an ``await``,
+so threads and event loops share one breaker per dependency. After the lock
+is released the shell reports state changes: span events, metrics, then
+listeners.
+
+Asynchronous exceptions (``KeyboardInterrupt``, the interrupt of
+``timeout(interrupt=True)``, ``PyThreadState_SetAsyncExc``) are delivered
+only where the interpreter checks for them: after a call returns, at a loop's
+back edge, at a function's start. So:
+
+- the lock is only ever taken by ``with self._lock:``, whose acquire and
+  entry into the protected block happen in one instruction (``BEFORE_WITH``,
+  CPython 3.11 to 3.13) with no check between them;
+- a closed call holds nothing: an exception before its outcome is recorded
+  leaves it uncounted (as if ignored), after, counted once;
+- a half-open probe holds a slot: the machine holds its permit weakly, and
+  a permit dropped unsettled frees its slot the next time anyone looks;
+- ``with`` keeps each block's permit on an object of that block alone (see
+  `_blocks`), so an exception anywhere in ``__exit__`` leaves no entry
+  behind that a later block could mistake for its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Final,
+    ParamSpec,
+    TypeAlias,
+    TypeVar,
+    final,
+)
+
+from resilient._breaker._blocks import (
+    ExitSlot,
+    aexit_block,
+    exit_block,
+    push_entered,
+    take_cell,
+)
+from resilient._breaker._machine import (
+    _CLOSED,
+    FAILURE,
+    IGNORE,
+    SUCCESS,
+    BreakerPermit,
+    BreakerState,
+    BreakerStatistics,
+    BreakerTransition,
+    Reject,
+    _BreakerMachine,
+)
+from resilient._breaker._report import report_rejection, report_transition
+from resilient._core import _clock
+from resilient._core._config_breaker import BreakerConfig, Outcome
+from resilient._core._decorate import decorate, is_async_callable
+from resilient._core._validate import check_name
+from resilient.exceptions import CircuitOpen, ConfigTypeError, DeadlineExceeded
+
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+log: Final = logging.getLogger("resilient")
+
+Listener: TypeAlias = "Callable[[BreakerTransition], object]"
+"""A state-change listener: sync, or a coroutine function."""
+
+Ticket: TypeAlias = "tuple[int, float] | BreakerPermit"
+"""What settling a call needs: a closed call's (epoch, start), or a permit."""
+
+_INBOX_LIMIT: Final = 256
+"""Successes an inbox holds before the one who fills it empties it."""
+
+
+def _check_config(config: object, where: str = "breaker(config)") -> None:
+    if not isinstance(config, BreakerConfig):
+        raise ConfigTypeError(
+            where, config, "must be a resilient.BreakerConfig"
+        )
+
+
+@final
+class CircuitBreaker:
+    """
+    The circuit breaker of one dependency; get it with `resilient.breaker`.
+
+    Use it as a decorator (sync or async functions), as a context manager
+    (``with`` and ``async with``), or through `acquire` and the permit.
+    One breaker serves threads and event loops at once: its lock guards a
+    few counters and is never held while the call runs.
+
+    Args:
+        name: The dependency's name.
+        config: How it decides; the defaults of `BreakerConfig` if None.
+
+    .. versionadded:: 26.11.0
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_listeners",
+        "_lock",
+        "_m",
+        "_pinned",
+        "config",
+        "name",
+    )
+
+    def __init__(self, name: str, config: BreakerConfig | None = None) -> None:
+        check_name("breaker(name)", name)
+        if config is None:
+            config = BreakerConfig()
+        else:
+            _check_config(config)
+        self.name = name
+        self.config = config
+        self._lock = threading.Lock()
+        self._m = _BreakerMachine(config, name)
+        self._listeners: tuple[tuple[Listener, bool], ...] = ()
+        self._pinned = False
+
+    def __repr__(self) -> str:
+        return f"<CircuitBreaker {self.name!r} {self._m.state.value}>"
+
+    @property
+    def state(self) -> BreakerState:
+        """
+        The state now (an open breaker whose interval has passed still
+        reads open until the next call is admitted).
+        """
+        return self._m.state
+
+    def retry_after(self) -> float:
+        """
+        Seconds until a call would be admitted: 0 when one would be now,
+        `math.inf` when forced open.
+        """
+        now = _clock.get_clock().now()
+        with self._lock:
+            return self._m.retry_after(now)
+
+    def statistics(self) -> BreakerStatistics:
+        """An immutable snapshot of the window, state and counters."""
+        now = _clock.get_clock().now()
+        with self._lock:
+            return self._m.statistics(now)
+
+    # Listeners.
+
+    def add_listener(self, listener: Listener) -> None:
+        """
+        Call *listener* with a `BreakerTransition` on every state change.
+
+        Sync listeners run wherever the change happens. Async ones (a
+        coroutine function) are awaited when the change happens in async
+        code and skipped when it happens in sync code. A listener that
+        raises is logged and changes nothing.
+        """
+        if not callable(listener):
+            raise ConfigTypeError(
+                "add_listener(listener)", listener, "must be callable"
+            )
+        entry = (listener, is_async_callable(listener))
+        with self._lock:
+            self._listeners += (entry,)
+
+    def remove_listener(self, listener: Listener) -> None:
+        """Stop calling *listener*; no error if it was not added."""
+        with self._lock:
+            self._listeners = tuple(
+                x for x in self._listeners if x[0] != listener
+            )
+
+    # Manual control.
+
+    def force_open(self) -> None:
+        """Reject every call until `reset` (sync listeners only)."""
+        self._apply(_BreakerMachine.force_open)
+
+    def reset(self) -> None:
+        """
+        Close, empty the window and undo `force_open` (sync listeners
+        only).
+        """
+        self._apply(_BreakerMachine.reset)
+
+    def _apply(self, op: Callable[[_BreakerMachine, float], object]) -> None:
+        now = _clock.get_clock().now()
+        with self._lock:
+            op(self._m, now)
+            events = self._drain()
+        if events:
+            self._notify(events)
+
+    def _rebuild(self, config: BreakerConfig) -> None:
+        """
+        Start afresh with *config* (the lock held): a new machine whose
+        epoch is past the old one's, so calls in flight count for nothing.
+        """
+        self.config = config
+        self._m = _BreakerMachine(config, self.name, epoch=self._m.epoch + 1)
+
+    # Admission: a closed breaker admits without the lock. Admitting then
+    # changes nothing, and the machine's `gate` (its epoch and inbox while
+    # closed, None otherwise) is one read: a call that races a state change
+    # holds an old epoch and counts for nothing, never for the wrong state.
+
+    def fast_admit(self) -> tuple[int, float] | None:
+        """
+        A closed call's ticket, ``(epoch, start)``, without the lock or a
+        permit object; None unless closed. Settle it with `settle`.
+
+        For pipeline stages; most code wants `acquire` or the decorator.
+        """
+        m = self._m
+        gate = m.gate
+        if gate is None:
+            return None
+        return gate[0], _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
+
+    _closed_ticket = fast_admit
+
+    def acquire(self) -> BreakerPermit:
+        """
+        Leave to make one call now.
+
+        Raises:
+            CircuitOpen: The breaker rejects the call; its ``retry_after``
+                says when a probe will be admitted.
+        """
+        ticket = self.fast_admit()
+        if ticket is not None:
+            return BreakerPermit(self, ticket[0], ticket[1], 0)
+        got, events = self._admit()
+        if events:
+            self._notify(events)
+        if type(got) is Reject:
+            raise self._rejected(got)
+        return got
+
+    async def aacquire(self) -> BreakerPermit:
+        """`acquire` from async code: async listeners are awaited."""
+        ticket = self.fast_admit()
+        if ticket is not None:
+            return BreakerPermit(self, ticket[0], ticket[1], 0)
+        got, events = self._admit()
+        if events:
+            await self._anotify(events)
+        if type(got) is Reject:
+            raise self._rejected(got)
+        return got
+
+    admit = acquire
+    aadmit = aacquire
+
+    def _admit(
+        self,
+    ) -> tuple[BreakerPermit | Reject, list[BreakerTransition] | None]:
+        """The machine's answer, and the state changes to report."""
+        now = _clock.get_clock().now()
+        with self._lock:
+            m = self._m
+            got = m.admit(now, self)
+            events = self._drain() if m.outbox else None
+        if not self._pinned and events is None:
+            self._sync_pin()  # Heal a pin an exception interrupted.
+        return got, events
+
+    def _rejected(self, reject: Reject) -> CircuitOpen:
+        report_rejection(self.name, reject)
+        return CircuitOpen(self.name, reject.retry_after, reject.state.value)
+
+    # Settling: every outcome enters the machine through `_record`.
+
+    def _record(
+        self,
+        epoch: int,
+        start: float,
+        probe: int,
+        outcome: int,
+        permit: BreakerPermit | None,
+    ) -> list[BreakerTransition] | None:
+        """
+        Count one call's outcome; the state changes to report, if any.
+
+        A closed call's success that was not slow goes to the epoch's inbox
+        without the lock (it cannot open the breaker; see
+        `_BreakerMachine.absorb`), an ignored closed call changes nothing;
+        everything else is counted under the lock.
+        """
+        now = _clock._clock.now()  # noqa: SLF001
+        if not probe and outcome != FAILURE:
+            if permit is not None:
+                if permit._done:  # noqa: SLF001
+                    return None
+                permit._done = True  # noqa: SLF001
+                permit = None
+            if outcome == IGNORE:
+                return None
+            m = self._m
+            gate = m.gate
+            if gate is not None and gate[0] == epoch and now - start < m.slow:
+                inbox = gate[1]
+                inbox.append(now)
+                if len(inbox) >= _INBOX_LIMIT:
+                    with self._lock:
+                        m.absorb()
+                return None
+        return self._count(epoch, start, probe, outcome, permit, now=now)
+
+    def _count(
+        self,
+        epoch: int,
+        start: float,
+        probe: int,
+        outcome: int,
+        permit: BreakerPermit | None,
+        *,
+        now: float,
+    ) -> list[BreakerTransition] | None:
+        """`_record` under the lock: the machine counts the outcome."""
+        with self._lock:
+            if permit is not None:
+                if permit._done:  # noqa: SLF001
+                    return None
+                permit._done = True  # noqa: SLF001
+            m = self._m
+            m.settle(epoch, probe, outcome, now - start, now)
+            return self._drain() if m.outbox else None
+
+    def settle(self, ticket: Ticket, outcome: Outcome) -> None:
+        """
+        Count a call admitted by `fast_admit` or `admit` (a second
+        settlement of a permit is a no-op). For pipeline stages.
+        """
+        if type(ticket) is tuple:
+            self._settle_closed(ticket[0], ticket[1], outcome)
+        else:
+            self._settle(ticket, outcome)  # type: ignore[arg-type]
+
+    async def asettle(self, ticket: Ticket, outcome: Outcome) -> None:
+        """`settle` from async code: async listeners are awaited."""
+        if type(ticket) is tuple:
+            await self._asettle_closed(ticket[0], ticket[1], outcome)
+        else:
+            await self._asettle(ticket, outcome)  # type: ignore[arg-type]
+
+    def _settle_closed(self, epoch: int, start: float, outcome: int) -> None:
+        events = self._record(epoch, start, 0, outcome, None)
+        if events:
+            self._notify(events)
+
+    async def _asettle_closed(
+        self, epoch: int, start: float, outcome: int
+    ) -> None:
+        events = self._record(epoch, start, 0, outcome, None)
+        if events:
+            await self._anotify(events)
+
+    def _settle(self, permit: BreakerPermit, outcome: int) -> None:
+        events = self._record(
+            permit.epoch, permit.start, permit.probe, outcome, permit
+        )
+        if events:
+            self._notify(events)
+
+    async def _asettle(self, permit: BreakerPermit, outcome: int) -> None:
+        events = self._record(
+            permit.epoch, permit.start, permit.probe, outcome, permit
+        )
+        if events:
+            await self._anotify(events)
+
+    def outcome(self, exc: BaseException) -> Outcome:
+        """How *exc* counts for this breaker (its `BreakerConfig.outcome`)."""
+        return self.config.outcome(exc)
+
+    _outcome = outcome
+
+    def _drain(self) -> list[BreakerTransition]:
+        m = self._m
+        events, m.outbox = m.outbox, []
+        return events
+
+    # Reporting, outside the lock: one body for both colours.
+
+    def _deliver(
+        self, events: list[BreakerTransition], *, awaiting: bool
+    ) -> Iterator[Awaitable[object]]:
+        """
+        Report *events* and call the sync listeners; yield the async
+        listeners' awaitables when the caller can await them (else skip
+        them).
+        """
+        self._sync_pin()
+        for event in events:
+            report_transition(event)
+            for listener, is_async in self._listeners:
+                if is_async and not awaiting:
+                    log.debug(
+                        "resilient: async listener %r skipped: breaker %r "
+                        "changed state in sync code",
+                        listener,
+                        self.name,
+                    )
+                    continue
+                try:
+                    result = listener(event)
+                except Exception:
+                    log.exception("resilient: listener %r raised", listener)
+                    continue
+                if is_async:
+                    yield result  # type: ignore[misc]
+
+    def _notify(self, events: list[BreakerTransition]) -> None:
+        for _ in self._deliver(events, awaiting=False):
+            pass  # pragma: no cover - nothing is yielded when not awaiting
+
+    async def _anotify(self, events: list[BreakerTransition]) -> None:
+        for pending in self._deliver(events, awaiting=True):
+            try:
+                await pending
+            except Exception:
+                log.exception("resilient: listener %r raised", pending)
+
+    def _sync_pin(self) -> None:
+        """
+        Keep the registry holding this breaker while it is not closed, and
+        let go once it is; read again if the state moved meanwhile.
+        """
+        from resilient._breaker._registry import REGISTRY  # noqa: PLC0415
+
+        while True:
+            m = self._m
+            epoch = m.epoch
+            busy = m.state is not _CLOSED
+            if busy:
+                REGISTRY.pin(self.name, self)
+            else:
+                REGISTRY.unpin(self.name, self)
+            self._pinned = busy
+            if self._m is m and m.epoch == epoch:
+                return
+
+    # Decorator.
+
+    def __call__(self, fn: Callable[P, T], /) -> Callable[P, T]:
+        """Guard *fn* (sync or async) with this breaker: ``@breaker``."""
+        return decorate(fn, self._call, self._acall)
+
+    def _call(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        ticket = self.fast_admit()
+        if ticket is None:
+            permit = self.acquire()
+            epoch, start, probe = permit.epoch, permit.start, permit.probe
+        else:
+            epoch, start = ticket
+            permit, probe = None, 0
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            outcome = self.config.outcome(exc)
+            events = self._record(epoch, start, probe, outcome, permit)
+            if events:
+                self._notify(events)
+            raise
+        events = self._record(epoch, start, probe, SUCCESS, permit)
+        if events:
+            self._notify(events)
+        return result
+
+    async def _acall(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        ticket = self.fast_admit()
+        if ticket is None:
+            permit = await self.aacquire()
+            epoch, start, probe = permit.epoch, permit.start, permit.probe
+        else:
+            epoch, start = ticket
+            permit, probe = None, 0
+        try:
+            result = await fn(*args, **kwargs)
+        except BaseException as exc:
+            outcome = self.config.outcome(exc)
+            events = self._record(epoch, start, probe, outcome, permit)
+            if events:
+                if isinstance(exc, Exception):
+                    await self._anotify(events)
+                else:  # Cancelled: never await while cancelled.
+                    self._notify(events)
+            raise
+        events = self._record(epoch, start, probe, SUCCESS, permit)
+        if events:
+            await self._anotify(events)
+        return result
+
+    # Context managers: see `_blocks`.
+
+    def __enter__(self) -> BreakerPermit:
+        cell = take_cell(self)
+        permit = self.acquire()
+        if cell is None:
+            push_entered(self, permit)
+        else:
+            cell[1] = permit
+        return permit
+
+    async def __aenter__(self) -> BreakerPermit:
+        cell = take_cell(self)
+        permit = await self.aacquire()
+        if cell is None:
+            push_entered(self, permit)
+        else:
+            cell[1] = permit
+        return permit
+
+    __exit__ = ExitSlot(exit_block)
+    __aexit__ = ExitSlot(aexit_block)
+
+
+def attempt_outcome(
+    cb: CircuitBreaker, exc: BaseException | None, *, own_timeout: bool
+) -> Outcome:
+    """
+    How an attempt of the pipeline counts for its breaker: a success; a
+    `DeadlineExceeded` that was not the attempt's own timeout (the caller's
+    budget or deadline ran out, not the dependency) counts for nothing;
+    anything else as the breaker's configuration says.
+    """
+    if exc is None:
+        return SUCCESS
+    if isinstance(exc, DeadlineExceeded) and not own_timeout:
+        return IGNORE
+    return cb.config.outcome(exc)

@@ -1,0 +1,540 @@
+"""
+The breaker's pure machine and the records it hands out.
+
+`_BreakerMachine` decides (admit, reject, open, close) from outcomes and the
+time it is handed; it never reads a clock, waits or calls out, and holds no
+lock: its shell (`CircuitBreaker`) calls it under its own. Every state
+change is appended to `outbox` for the shell to report once the lock is
+released.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import math
+import weakref
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
+
+import attrs
+
+from resilient._breaker._windows import SLOW, CountRing, TimeRing
+from resilient._core._config_breaker import BreakerConfig, CountWindow, Outcome
+
+
+if TYPE_CHECKING:
+    from resilient._breaker._breaker import CircuitBreaker
+
+
+class BreakerState(enum.Enum):
+    """
+    Where a circuit breaker stands.
+
+    .. versionadded:: 26.11.0
+    """
+
+    CLOSED = "closed"
+    """Calls run; outcomes fill the window."""
+    OPEN = "open"
+    """Calls are rejected until the open interval has passed."""
+    HALF_OPEN = "half_open"
+    """A few probes run; their outcome closes or re-opens the breaker."""
+    FORCED_OPEN = "forced_open"
+    """Opened by `CircuitBreaker.force_open`; rejects until `reset`."""
+
+
+_CLOSED: Final = BreakerState.CLOSED
+_OPEN: Final = BreakerState.OPEN
+_HALF_OPEN: Final = BreakerState.HALF_OPEN
+_FORCED_OPEN: Final = BreakerState.FORCED_OPEN
+
+SUCCESS: Final = Outcome.SUCCESS
+FAILURE: Final = Outcome.FAILURE
+IGNORE: Final = Outcome.IGNORE
+
+_VERDICTS: Final = {o.verdict: o for o in Outcome}
+"""Verdict names to outcomes, for callers that still hold a name."""
+
+Gate: TypeAlias = "tuple[int, collections.deque[float]]"
+"""A closed epoch and its inbox of successes' end times."""
+
+TransitionReason = Literal[
+    "failure_rate",
+    "slow_call_rate",
+    "open_interval_passed",
+    "probe_failed",
+    "probe_timeout",
+    "probes_succeeded",
+    "forced",
+    "reset",
+]
+"""Why a breaker changed state."""
+
+
+@final
+@attrs.frozen
+class BreakerTransition:
+    """
+    A state change, as listeners and telemetry see it.
+
+    Attributes:
+        name: The breaker's name.
+        old: The state before.
+        new: The state after.
+        reason: Why it changed.
+        at: When, on resilient's clock (monotonic seconds).
+        retry_after: Seconds from *at* until the breaker admits a probe: 0
+            unless *new* is open, `math.inf` when forced open.
+
+    .. versionadded:: 26.11.0
+    """
+
+    name: str
+    old: BreakerState
+    new: BreakerState
+    reason: TransitionReason
+    at: float
+    retry_after: float
+
+
+@final
+@attrs.frozen
+class BreakerStatistics:
+    """
+    A snapshot of one breaker, immutable.
+
+    Attributes:
+        name: The breaker's name.
+        state: Its state when the snapshot was taken.
+        calls: Calls in the window (ignored ones are not counted).
+        failures: Failed calls in the window.
+        slow_calls: Slow calls in the window.
+        failure_rate: ``failures / calls``, 0.0 when the window is empty.
+        slow_call_rate: ``slow_calls / calls``, 0.0 when empty.
+        probes_in_flight: Half-open probes admitted and not yet settled.
+        retry_after: Seconds until a call would be admitted (0 when one
+            would be now).
+        times_opened: How often it opened since it was made.
+        rejected: How many calls it rejected since it was made.
+
+    .. versionadded:: 26.11.0
+    """
+
+    name: str
+    state: BreakerState
+    calls: int
+    failures: int
+    slow_calls: int
+    failure_rate: float
+    slow_call_rate: float
+    probes_in_flight: int
+    retry_after: float
+    times_opened: int
+    rejected: int
+
+
+@final
+@attrs.frozen
+class Reject:
+    """The machine's refusal: no call now; a probe in *retry_after* s."""
+
+    retry_after: float
+    state: BreakerState
+
+
+@final
+class BreakerPermit:
+    """
+    Leave to make one call through a breaker; settle it exactly once.
+
+    Call `success`, `failure` or `ignore` when the call ends (the ``a``
+    twins from async code, so that async listeners are awaited). A second
+    settlement is a no-op. A permit is for one caller: do not share it.
+    A half-open probe's permit that is dropped unsettled (an exception
+    landed between taking it and settling it) gives its slot back.
+
+    .. versionadded:: 26.11.0
+    """
+
+    __slots__ = ("__weakref__", "_breaker", "_done", "epoch", "probe", "start")
+
+    def __init__(
+        self, breaker: CircuitBreaker, epoch: int, start: float, probe: int
+    ) -> None:
+        self._breaker = breaker
+        self._done = False
+        self.epoch = epoch
+        self.start = start
+        """When the permit was granted, on resilient's clock (0.0 for a
+        closed breaker that does not time calls)."""
+        self.probe = probe
+        """The probe's number while half-open; 0 for an ordinary call."""
+
+    def __repr__(self) -> str:
+        kind = f"probe {self.probe}" if self.probe else "call"
+        done = "settled" if self._done else "open"
+        return f"<BreakerPermit {kind} of {self._breaker.name!r}, {done}>"
+
+    def success(self) -> None:
+        """The call succeeded."""
+        self._breaker._settle(self, SUCCESS)  # noqa: SLF001
+
+    def failure(self, exc: BaseException) -> None:
+        """
+        The call raised *exc*: a failure, a success or nothing, as the
+        breaker's `BreakerConfig.failure_on` and *ignore_on* say.
+        Cancellation, `KeyboardInterrupt` and `SystemExit` never count.
+        """
+        cb = self._breaker
+        cb._settle(self, cb.config.outcome(exc))  # noqa: SLF001
+
+    def ignore(self) -> None:
+        """
+        Release without counting (the call was not the dependency's fault:
+        a full bulkhead, the caller's own cancellation).
+        """
+        self._breaker._settle(self, IGNORE)  # noqa: SLF001
+
+    async def asuccess(self) -> None:
+        """`success`, awaiting async listeners."""
+        await self._breaker._asettle(self, SUCCESS)  # noqa: SLF001
+
+    async def afailure(self, exc: BaseException) -> None:
+        """`failure`, awaiting async listeners."""
+        cb = self._breaker
+        await cb._asettle(self, cb.config.outcome(exc))  # noqa: SLF001
+
+    async def aignore(self) -> None:
+        """`ignore`, awaiting async listeners."""
+        await self._breaker._asettle(self, IGNORE)  # noqa: SLF001
+
+
+@final
+class _BreakerMachine:
+    """
+    The decisions of one breaker, and nothing else: no clock, no lock, no
+    I/O. Every method takes the time; every state change is appended to
+    `outbox` for the shell to report once its lock is released.
+
+    Args:
+        config: The thresholds and timings.
+        name: The breaker's name, copied into transitions.
+        owner: Handed to each permit when `admit` is given none; opaque
+            here. (`CircuitBreaker` passes itself to `admit` instead, so
+            that it and its machine form no reference cycle.)
+        epoch: The first epoch: a machine that replaces another starts past
+            the old one's, so that the old one's permits count for nothing.
+    """
+
+    __slots__ = (
+        "_fail_rate",
+        "_holders",
+        "_min_calls",
+        "_seq",
+        "_slow_rate",
+        "config",
+        "epoch",
+        "gate",
+        "interval",
+        "name",
+        "open_until",
+        "opened_at",
+        "outbox",
+        "owner",
+        "probes",
+        "rejected",
+        "slow",
+        "state",
+        "successes",
+        "timed",
+        "times_opened",
+        "window",
+    )
+
+    def __init__(
+        self,
+        config: BreakerConfig,
+        name: str = "",
+        owner: Any = None,
+        *,
+        epoch: int = 0,
+    ) -> None:
+        self.config = config
+        self.name = name
+        self.owner = owner
+        w = config.window
+        self.window: CountRing | TimeRing = (
+            CountRing(w.size)
+            if isinstance(w, CountWindow)
+            else TimeRing(w.seconds)
+        )
+        self._min_calls = config.minimum_calls
+        self._fail_rate = config.failure_rate
+        self._slow_rate = config.slow_call_rate
+        slow = config.slow_call_duration
+        self.slow = math.inf if slow is None else slow
+        """Seconds from which a call is slow (infinite: never)."""
+        self.timed = slow is not None
+        """Whether a call's duration matters while closed."""
+        self.state = _CLOSED
+        self.epoch = epoch
+        """Bumped on every state change: older permits no longer count."""
+        self.gate: Gate | None = (epoch, collections.deque())
+        """While closed, the epoch and its inbox; None otherwise. One read
+        tells a caller whether it may call without the lock, with which
+        epoch, and where a plain success goes (see `absorb`)."""
+        self.open_until = self.opened_at = 0.0
+        self.interval = config.open_interval
+        self.probes: dict[int, float] = {}
+        """Half-open probes in flight: permit number -> start time."""
+        self._holders: dict[int, weakref.ref[BreakerPermit]] = {}
+        """The probes' permits, weakly: a dropped one frees its slot."""
+        self.successes = 0
+        self._seq = 0
+        self.times_opened = 0
+        self.rejected = 0
+        self.outbox: list[BreakerTransition] = []
+
+    def admit(self, now: float, owner: Any = None) -> BreakerPermit | Reject:
+        """
+        A permit to call now, or a rejection with the wait for a probe; the
+        permit is *owner*'s (default: the machine's own *owner*).
+        """
+        if owner is None:
+            owner = self.owner
+        state = self.state
+        if state is _CLOSED:
+            return BreakerPermit(owner, self.epoch, now, 0)
+        if state is _OPEN:
+            if now < self.opened_at:
+                self._reopen(now)  # The clock was swapped for a lower one.
+            if now >= self.open_until:
+                self._move(_HALF_OPEN, "open_interval_passed", now)
+            else:
+                self.rejected += 1
+                return Reject(self.open_until - now, state)
+        elif state is not _HALF_OPEN:
+            self.rejected += 1
+            return Reject(math.inf, state)
+        probes = self.probes
+        if probes:
+            self._reap(now)
+            if (
+                probes
+                and now - min(probes.values()) >= self.config.probe_timeout
+            ):
+                self._trip("probe_timeout", now)
+                self.rejected += 1
+                return Reject(self.interval, _OPEN)
+            if len(probes) >= self.config.half_open_probes:
+                self.rejected += 1
+                return Reject(self.retry_after(now), _HALF_OPEN)
+        self._seq += 1
+        seq = self._seq
+        permit = BreakerPermit(owner, self.epoch, now, seq)
+        ref = weakref.ref(permit)
+        # Both entries in two stores with no call between them: an
+        # asynchronous exception lands before both or after both, never
+        # leaving a probe whose permit nobody can see dropped.
+        probes[seq] = now
+        self._holders[seq] = ref
+        return permit
+
+    def settle(
+        self, epoch: int, probe: int, outcome: int, duration: float, now: float
+    ) -> BreakerTransition | None:
+        """
+        Count the *outcome* of a call admitted at *epoch* (as probe number
+        *probe*, or 0) that took *duration* seconds; the state change, if
+        any. The one way an outcome enters the machine.
+
+        A call admitted before the latest state change counts for nothing.
+        """
+        if epoch != self.epoch:
+            return None
+        if probe:
+            return self._probe_ended(probe, outcome, duration, now)
+        if outcome == IGNORE:
+            return None
+        self.absorb()
+        code = outcome | (SLOW if duration >= self.slow else 0)
+        w = self.window
+        w.add(code, now)
+        calls = w.calls
+        if calls >= self._min_calls:
+            if w.failures >= calls * self._fail_rate:
+                return self._trip("failure_rate", now)
+            if w.slow >= calls * self._slow_rate:
+                return self._trip("slow_call_rate", now)
+        return None
+
+    def absorb(self) -> None:
+        """
+        Move the inbox's successes into the window.
+
+        A success of a closed call that was not slow can only lower the
+        rates, so the shell counts it without the lock: it appends the
+        call's end time to the closed epoch's inbox (one atomic step), and
+        the machine takes the inbox in before anything reads the window.
+        A success from an epoch that ended lands in an inbox nobody reads.
+        """
+        gate = self.gate
+        if gate is not None:
+            inbox = gate[1]
+            add = self.window.add
+            while inbox:
+                add(0, inbox.popleft())
+
+    def record(
+        self, permit: BreakerPermit, outcome: int, duration: float, now: float
+    ) -> BreakerTransition | None:
+        """`settle` for a permit (the simulator's form)."""
+        return self.settle(permit.epoch, permit.probe, outcome, duration, now)
+
+    def _probe_ended(
+        self, probe: int, outcome: int, duration: float, now: float
+    ) -> BreakerTransition | None:
+        """A half-open probe of the current epoch ended."""
+        start = self.probes.pop(probe, None)
+        self._holders.pop(probe, None)
+        if start is None or outcome == IGNORE:
+            return None  # Reaped already, or released without counting.
+        if now - start >= self.config.probe_timeout:
+            return self._trip("probe_timeout", now)
+        if outcome == FAILURE or duration >= self.slow:
+            return self._trip("probe_failed", now)
+        self.successes += 1
+        if self.successes >= self.config.half_open_probes:
+            return self._move(_CLOSED, "probes_succeeded", now)
+        return None
+
+    def _reap(self, now: float) -> None:
+        """
+        Free the slots of probes whose permits were dropped unsettled, and
+        re-time probes that started "after" *now* (a swapped clock).
+        """
+        probes, holders = self.probes, self._holders
+        for seq in [s for s, ref in holders.items() if ref() is None]:
+            del holders[seq]
+            probes.pop(seq, None)
+        for seq, start in probes.items():
+            if start > now:
+                probes[seq] = now
+
+    def retry_after(self, now: float) -> float:
+        """Seconds until `admit` would admit a call; 0 if it would now."""
+        state = self.state
+        if state is _CLOSED:
+            return 0.0
+        if state is _OPEN:
+            if now < self.opened_at:
+                self._reopen(now)
+            return max(0.0, self.open_until - now)
+        if state is _FORCED_OPEN:
+            return math.inf
+        probes = self.probes
+        if probes:
+            self._reap(now)
+        if probes:
+            oldest = min(probes.values())
+            timeout = self.config.probe_timeout
+            if now - oldest >= timeout:
+                return self._next_interval()  # It re-opens on next admit.
+            if len(probes) >= self.config.half_open_probes:
+                # A slot frees when a probe ends, at the latest when it
+                # times out; never promise a longer wait than re-opening
+                # would cost, or waiting callers outlast a recovery.
+                return min(oldest + timeout - now, self._next_interval())
+        return 0.0
+
+    def force_open(self, now: float) -> BreakerTransition | None:
+        """Reject everything until `reset`."""
+        if self.state is _FORCED_OPEN:
+            return None
+        self.times_opened += 1
+        return self._move(_FORCED_OPEN, "forced", now)
+
+    def reset(self, now: float) -> BreakerTransition | None:
+        """Close and forget the window (and any forced opening)."""
+        if self.state is _CLOSED:
+            self.absorb()
+            self.window.clear()
+            self.interval = self.config.open_interval
+            return None
+        return self._move(_CLOSED, "reset", now)
+
+    def pristine(self) -> bool:
+        """
+        Whether it holds nothing a new configuration would lose: closed
+        since it was made, with an empty window.
+        """
+        self.absorb()
+        return (
+            self.state is _CLOSED
+            and self.window.calls == 0
+            and self.times_opened == 0
+        )
+
+    def statistics(self, now: float) -> BreakerStatistics:
+        """A snapshot as of *now*."""
+        retry_after = self.retry_after(now)
+        self.absorb()
+        w = self.window
+        w.expire(now)
+        calls = w.calls
+        return BreakerStatistics(
+            name=self.name,
+            state=self.state,
+            calls=calls,
+            failures=w.failures,
+            slow_calls=w.slow,
+            failure_rate=w.failures / calls if calls else 0.0,
+            slow_call_rate=w.slow / calls if calls else 0.0,
+            probes_in_flight=len(self.probes),
+            retry_after=retry_after,
+            times_opened=self.times_opened,
+            rejected=self.rejected,
+        )
+
+    def _next_interval(self) -> float:
+        """The open interval of a re-opening from half-open."""
+        c = self.config
+        return min(self.interval * c.open_interval_growth, c.max_open_interval)
+
+    def _reopen(self, now: float) -> None:
+        """The clock reads earlier than the opening: open from *now*."""
+        self.opened_at = now
+        self.open_until = now + self.interval
+
+    def _trip(self, reason: TransitionReason, now: float) -> BreakerTransition:
+        if self.state is _HALF_OPEN:
+            self.interval = self._next_interval()
+        self.opened_at = now
+        self.open_until = now + self.interval
+        self.times_opened += 1
+        return self._move(_OPEN, reason, now)
+
+    def _move(
+        self, new: BreakerState, reason: TransitionReason, now: float
+    ) -> BreakerTransition:
+        # Work out everything first, then commit with plain stores (no call
+        # between them, so no asynchronous exception can land halfway).
+        old = self.state
+        epoch = self.epoch + 1
+        gate: Gate | None = (
+            (epoch, collections.deque()) if new is _CLOSED else None
+        )
+        if new is _CLOSED:
+            self.window.clear()
+            self.interval = self.config.open_interval
+        self.successes = 0
+        self.probes = {}
+        self._holders = {}
+        self.state = new
+        self.epoch = epoch
+        self.gate = gate
+        event = BreakerTransition(
+            self.name, old, new, reason, now, self.retry_after(now)
+        )
+        self.outbox.append(event)
+        return event

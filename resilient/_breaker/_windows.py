@@ -1,0 +1,130 @@
+"""
+The breaker's sliding windows: the last N outcomes, or the last N seconds.
+
+Both keep running totals (calls, failures, slow calls) so that reading the
+rates costs nothing, and both use fixed memory whatever the traffic. An
+outcome enters as a small code: bit 0 set for a failure, bit 1 for a slow
+call.
+"""
+
+from __future__ import annotations
+
+from typing import Final, final
+
+
+FAILED: Final = 1
+"""The failure bit of a window entry."""
+SLOW: Final = 2
+"""The slow bit of a window entry."""
+
+BUCKETS: Final = 60
+"""How many buckets a time window is cut into."""
+
+
+@final
+class CountRing:
+    """The last *size* outcomes in a ring of bytes, with running totals."""
+
+    __slots__ = ("_i", "_ring", "calls", "failures", "slow")
+
+    def __init__(self, size: int) -> None:
+        self._ring = bytearray(size)
+        self._i = 0
+        self.calls = self.failures = self.slow = 0
+
+    def add(self, code: int, now: float) -> None:
+        """Enter one outcome's code; the oldest leaves once it is full."""
+        ring, i = self._ring, self._i
+        if self.calls == len(ring):
+            old = ring[i]
+            self.failures -= old & FAILED
+            self.slow -= old >> 1
+        else:
+            self.calls += 1
+        ring[i] = code
+        self.failures += code & FAILED
+        self.slow += code >> 1
+        self._i = i + 1 if i + 1 < len(ring) else 0
+
+    def expire(self, now: float) -> None:
+        """Nothing expires by time in a count window."""
+
+    def clear(self) -> None:
+        """Forget every outcome."""
+        self._ring[:] = bytes(len(self._ring))
+        self._i = self.calls = self.failures = self.slow = 0
+
+
+@final
+class TimeRing:
+    """
+    The last *seconds* of outcomes in 60 buckets, with running totals.
+
+    A bucket is emptied when time moves past it, so memory stays fixed. Time
+    that reads a little lower than the newest bucket (a thread that read the
+    clock a moment before another) counts in the newest bucket; time that
+    reads a whole window lower can only come from a swapped clock (a test's
+    `FakeClock` after the process clock), and starts a fresh window instead
+    of freezing it until the new clock catches up.
+    """
+
+    __slots__ = (
+        "_c",
+        "_f",
+        "_head",
+        "_s",
+        "_width",
+        "calls",
+        "failures",
+        "slow",
+    )
+
+    def __init__(self, seconds: float) -> None:
+        self._width = seconds / BUCKETS
+        self._c = [0] * BUCKETS
+        self._f = [0] * BUCKETS
+        self._s = [0] * BUCKETS
+        self._head = -(1 << 62)
+        self.calls = self.failures = self.slow = 0
+
+    def expire(self, now: float) -> None:
+        """Empty the buckets time has moved past."""
+        b = int(now // self._width)
+        head = self._head
+        if b <= head:
+            if head - b < BUCKETS:
+                return  # Late by less than a window: the newest bucket.
+            self.clear()  # The clock was swapped for one that reads lower.
+        elif b - head >= BUCKETS:
+            self.clear()
+        else:
+            c, f, s = self._c, self._f, self._s
+            for i in range(head + 1, b + 1):
+                j = i % BUCKETS
+                self.calls -= c[j]
+                self.failures -= f[j]
+                self.slow -= s[j]
+                c[j] = f[j] = s[j] = 0
+        self._head = b
+
+    def add(self, code: int, now: float) -> None:
+        """Enter one outcome's code in the bucket of *now*."""
+        b = now // self._width
+        if b != self._head:
+            self.expire(now)
+        j = self._head % BUCKETS
+        self._c[j] += 1
+        self.calls += 1
+        if code:
+            if code & FAILED:
+                self._f[j] += 1
+                self.failures += 1
+            if code & SLOW:
+                self._s[j] += 1
+                self.slow += 1
+
+    def clear(self) -> None:
+        """Forget every outcome."""
+        for bucket in (self._c, self._f, self._s):
+            bucket[:] = [0] * BUCKETS
+        self.calls = self.failures = self.slow = 0
