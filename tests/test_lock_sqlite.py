@@ -418,3 +418,25 @@ def test_exit_releases_leases_no_thread_still_uses(url: str) -> None:
     assert [p.name for p in lock_dir.iterdir()] == [
         f"{LockKey.of('daemon').hex}.lock"
     ]
+
+
+def test_a_cached_descriptor_of_a_file_someone_holds_is_kept(url: str) -> None:
+    """While another descriptor holds a free lock's flock (another process's
+    waiter, about to take the row), a try from this process, which has the
+    file's descriptor cached, is refused and keeps the descriptor; once the
+    flock is let go the next try takes the lock with it."""
+    backend = open_backend(url)
+    lock = resilient.lock("job", backend=url, blocking=False)
+    with lock:
+        pass
+    path = backend._file(LockKey.of("job"))  # type: ignore[attr-defined]
+    other = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(resilient.LockNotAcquired):
+            lock.acquire()
+        assert LockKey.of("job").digest in backend._fds  # type: ignore[attr-defined]
+    finally:
+        os.close(other)
+    with lock as lease:
+        assert lease.held
