@@ -40,6 +40,7 @@ from resilient._core._clock import (
     checkpoint,
     deadline,
     remaining,
+    remaining_or_none,
 )
 from resilient._core._config_breaker import (
     BreakerConfig,
@@ -156,6 +157,7 @@ __all__ = [
     "parse_deadline_header",
     "parse_retry_after",
     "remaining",
+    "remaining_or_none",
     "retry",
     "retry_budget",
     "retrying",

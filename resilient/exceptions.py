@@ -4,13 +4,25 @@ The exceptions resilient raises.
 resilient never wraps the exception of a call it gave up on: it re-raises that
 exception itself, with a note.
 The exceptions here are for what resilient itself decides: bad configuration,
-a deadline that passed, and later a breaker that is open or a bulkhead that is
-full.
+a deadline that passed, a breaker that is open or a bulkhead that is full.
+
+Every exception here pickles, copies and deep-copies with its message and its
+attributes, so it crosses a `concurrent.futures.ProcessPoolExecutor` or a
+`multiprocessing` pool intact: `ResilientError` (and `ScopeCancelled`)
+rebuild an exception from its ``args`` and its ``__dict__`` without calling
+``__init__`` again, so a subclass gets this for free whatever its signature.
+An attribute that holds something local to the process (a live
+`resilient.TimeoutScope`) is listed in ``_process_local``: it becomes None in
+a pickle and is shared, not copied, by `copy.deepcopy`.
+A new exception must pickle: ``tests/test_exceptions.py`` checks every class
+in ``__all__``.
 """
 
 from __future__ import annotations
 
-from typing import final
+import copy
+import pickle
+from typing import Any, ClassVar, Self, TypeVar, final
 
 
 __all__ = [
@@ -28,9 +40,62 @@ __all__ = [
 ]
 
 
-class ResilientError(Exception):
+class _Portable(BaseException):
+    """
+    Pickling and copying by ``args`` and ``__dict__`` (see the module's
+    docstring): ``BaseException``'s own way calls ``__init__`` with
+    ``args``, which breaks as soon as ``__init__`` takes other arguments.
+    """
+
+    # Attributes that mean nothing in another process: None in a pickle,
+    # shared (not copied) by deepcopy.
+    _process_local: ClassVar[tuple[str, ...]] = ()
+
+    def _state(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self._process_local:
+            if name in state:
+                state[name] = None
+        return state
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, self._state()))
+
+    def __copy__(self) -> Self:
+        return _rebuild(type(self), self.args, self.__dict__)
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Self:
+        local = {
+            name: self.__dict__[name]
+            for name in self._process_local
+            if name in self.__dict__
+        }
+        rest = {k: v for k, v in self.__dict__.items() if k not in local}
+        new = _rebuild(type(self), copy.deepcopy(self.args, memo), local)
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(rest, memo))
+        return new
+
+
+_E = TypeVar("_E", bound=BaseException)
+
+
+def _rebuild(
+    cls: type[_E], args: tuple[Any, ...], state: dict[str, Any]
+) -> _E:
+    """An exception from its args and attributes, without ``__init__``."""
+    exc = cls.__new__(cls, *args)
+    # Set again: OSError subclasses (TimeoutError) leave it to __init__.
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class ResilientError(_Portable, Exception):
     """
     Base class of every exception resilient raises on its own account.
+
+    Every subclass pickles with its message and attributes.
     """
 
 
@@ -40,13 +105,22 @@ class ConfigError(ResilientError, ValueError):
 
     Attributes:
         field: The qualified name of the setting, like ``"Policy.attempts"``.
-        value: The value that was refused.
+        value: The value that was refused; unpickled in another process,
+            its repr when the value itself does not pickle (a lambda).
     """
 
     def __init__(self, field: str, value: object, why: str) -> None:
         self.field = field
         self.value = value
         super().__init__(f"{field} {why}, got {value!r}")
+
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        try:
+            pickle.dumps(self.value)
+        except Exception:  # noqa: BLE001 - any failure to pickle
+            state["value"] = repr(self.value)
+        return state
 
 
 @final
@@ -158,9 +232,6 @@ class CircuitOpen(Rejected):
         state = self.state.replace("_", "-")
         return f"circuit breaker {self.name!r} is {state}; {when}"
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.name, self.retry_after, self.state))
-
 
 class TimedOut(DeadlineExceeded):
     """
@@ -168,21 +239,40 @@ class TimedOut(DeadlineExceeded):
 
     Raised by the scope whose own deadline passed, never by a scope inside
     it that an enclosing deadline cut short.
+    Its message says how long the scope allowed and, for a named scope,
+    which one: ``timeout of 2.000 s exceeded (scope 'fetch')``.
 
     Attributes:
         deadline: The scope's absolute deadline on resilient's clock.
-        scope: The `resilient.TimeoutScope` that fired.
+        scope: The `resilient.TimeoutScope` that fired (None once
+            unpickled in another process).
+        seconds: The time the scope allowed from its entry, in seconds, or
+            None if not known.
+        name: The scope's name, or None.
+
+    .. versionchanged:: 26.12.0
+       *seconds* and *name*, and the message that shows them.
     """
 
-    def __init__(self, deadline: float, scope: object) -> None:
+    _process_local = ("scope",)
+
+    def __init__(
+        self,
+        deadline: float,
+        scope: object = None,
+        seconds: float | None = None,
+        name: str | None = None,
+    ) -> None:
         self.scope = scope
-        super().__init__(deadline, "timeout")
+        self.seconds = seconds
+        self.name = name
+        what = "timeout" if seconds is None else f"timeout of {seconds:.3f} s"
+        super().__init__(deadline, what)
+        if name is not None:
+            self.args = (f"{self.args[0]} (scope {name!r})",)
 
-    def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.deadline, None))
 
-
-class ScopeCancelled(BaseException):
+class ScopeCancelled(_Portable):
     """
     Unwinds sync code out of a timeout scope that was cancelled or whose
     deadline passed; the scope it names catches it.
@@ -193,8 +283,11 @@ class ScopeCancelled(BaseException):
     runs a scope's work in another thread.
 
     Attributes:
-        scope: The `resilient.TimeoutScope` that fired.
+        scope: The `resilient.TimeoutScope` that fired (None once unpickled
+            in another process).
     """
+
+    _process_local = ("scope",)
 
     def __init__(self, scope: object) -> None:
         self.scope = scope
@@ -246,12 +339,6 @@ class LockNotAcquired(Rejected):
         return (
             f"lock {self.name!r} not acquired: {why} "
             f"(waited {self.waited:.3f} s)"
-        )
-
-    def __reduce__(self) -> tuple[object, ...]:
-        return (
-            type(self),
-            (self.name, self.reason, self.waited, self.retry_after),
         )
 
 

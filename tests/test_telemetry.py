@@ -145,3 +145,122 @@ def test_result_retries_recorded(
     metrics = telemetry.metrics()
     assert metrics["resilient.retries"] == 1
     assert metrics["resilient.give_ups"] == 1
+
+
+# -- What failed spans say (issue 6 item 8) ----------------------------------
+
+SECRET = "s3cr3t-pa55w0rd"  # noqa: S105 - a fake one, to look for
+DSN = f"postgresql://app:{SECRET}@db.internal:5432/prod"
+
+
+def _attribute_values(spans: list[Any]) -> list[object]:
+    """Every attribute value of every span and span event."""
+    values: list[object] = []
+    for span in spans:
+        values.extend((span.attributes or {}).values())
+        for event in span.events:
+            values.extend((event.attributes or {}).values())
+    return values
+
+
+def _failing_call(message: str) -> None:
+    @Policy(name="db", attempts=2, backoff=Constant(seconds=0.1))
+    def connect() -> None:
+        raise ConnectionError(message)
+
+    with pytest.raises(ConnectionError):
+        connect()
+
+
+def test_messages_are_left_out_on_request(
+    clock: Any, telemetry: Telemetry
+) -> None:
+    """
+    With ``record_messages=False`` a failure's password (in a connection
+    string in its message) is in no attribute of any span or event; the
+    exception's type still is, and no traceback is recorded.
+    """
+    resilient.configure_telemetry(
+        tracer_provider=telemetry.tracer_provider, record_messages=False
+    )
+    _failing_call(f"cannot connect to {DSN}: refused")
+    spans = telemetry.spans()
+    assert len(spans) == 3
+    values = _attribute_values(spans)
+    assert not [v for v in values if SECRET in str(v)]
+    events = [e for s in spans for e in s.events if e.name == "exception"]
+    assert len(events) == 3
+    for event in events:
+        assert dict(event.attributes) == {"exception.type": "ConnectionError"}
+
+
+def test_messages_are_bounded_and_tracebacks_left_out(
+    clock: Any, telemetry: Telemetry
+) -> None:
+    """
+    By default a message is recorded cut to TEXT_LIMIT characters: an
+    800 kB message adds at most a few kB of attributes to the whole call,
+    and no event carries a traceback.
+    """
+    huge = "x" * 800_000
+    _failing_call(huge)
+    spans = telemetry.spans()
+    total = sum(len(str(v)) for v in _attribute_values(spans))
+    assert total < 4_000
+    events = [e for s in spans for e in s.events if e.name == "exception"]
+    assert events
+    for event in events:
+        message = event.attributes["exception.message"]
+        assert message == "x" * _telemetry.TEXT_LIMIT + "\u2026"
+        assert "exception.stacktrace" not in event.attributes
+
+
+def test_a_short_message_is_kept_whole(
+    clock: Any, telemetry: Telemetry
+) -> None:
+    """A message under the limit is recorded as is, with the type's
+    qualified name."""
+    _failing_call("refused")
+    event = next(
+        e for s in telemetry.spans() for e in s.events if e.name == "exception"
+    )
+    assert dict(event.attributes) == {
+        "exception.type": "ConnectionError",
+        "exception.message": "refused",
+    }
+
+
+def test_an_unprintable_exception_is_recorded() -> None:
+    """An exception whose __str__ raises is recorded by its type."""
+
+    class Broken(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError
+
+    attributes = _telemetry.exception_attributes(Broken())
+    assert attributes["exception.message"].startswith("<unprintable ")
+    assert attributes["exception.type"].endswith("Broken")
+
+
+def test_a_long_policy_name_is_bounded(
+    clock: Any, telemetry: Telemetry
+) -> None:
+    """A policy name past the limit is cut in span names and attributes."""
+    name = "p" * 10_000
+
+    @Policy(name=name, attempts=1)
+    def ok() -> str:
+        return "ok"
+
+    ok()
+    for span in telemetry.spans():
+        assert len(span.name) <= _telemetry.TEXT_LIMIT + len(" attempt") + 1
+        assert len(span.attributes["resilient.policy"]) <= (
+            _telemetry.TEXT_LIMIT + 1
+        )
+
+
+def test_record_messages_must_be_a_bool() -> None:
+    """A non-bool switch is refused, naming it."""
+    with pytest.raises(resilient.ConfigTypeError, match="record_messages"):
+        resilient.configure_telemetry(record_messages="no")  # type: ignore[arg-type]

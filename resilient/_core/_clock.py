@@ -21,6 +21,7 @@ import anyio
 import anyio.lowlevel
 import attrs
 
+from resilient._core import _loops
 from resilient.exceptions import ConfigError, ConfigTypeError, DeadlineExceeded
 
 
@@ -28,6 +29,10 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from resilient.typing import Clock
+
+
+# The longest single `time.sleep`: the OS refuses much longer ones.
+_LONGEST_SLEEP: Final = 1e6
 
 
 @final
@@ -53,12 +58,30 @@ class MonotonicClock:
         Inside a cancel scope (`resilient.timeout`) the wait ends early,
         raising, when the scope is cancelled (from any thread) or its
         deadline passes.
+
+        Raises:
+            RuntimeError: *seconds* > 0 on a thread that runs an event
+                loop, which the sleep would block: use `asleep`.
+
+        .. versionchanged:: 26.12.0
+           A blocking sleep on an event loop's thread raises.
         """
         scope = _SCOPE.get()
         if scope is not None:
             scope.wait(seconds)
-        elif seconds > 0:
-            time.sleep(seconds)
+            return
+        if not seconds > 0:
+            return
+        _loops.refuse_blocking(
+            f"a blocking sleep of {seconds:.3f} s (MonotonicClock.sleep)",
+            "`await MonotonicClock().asleep(...)` or the async forms of "
+            "resilient (async def functions, `async for attempt in "
+            "retrying(...)`)",
+        )
+        while seconds > _LONGEST_SLEEP:  # The OS refuses very long sleeps.
+            time.sleep(_LONGEST_SLEEP)
+            seconds -= _LONGEST_SLEEP
+        time.sleep(seconds)
 
     async def asleep(self, seconds: float) -> None:
         """
@@ -180,8 +203,11 @@ class _Scope(Protocol):
     def wake_at(self) -> float:
         """When the scope fires, on the clock (-inf once cancelled)."""
 
-    def check(self) -> None:
-        """Raise (or cancel the async scope) if the scope has fired."""
+    def check(self, *, raise_reason: bool = False) -> None:
+        """
+        Raise (or cancel the async scope) if the scope has fired; with
+        *raise_reason*, the reason a scope was cancelled with.
+        """
 
 
 # The innermost cancel scope of the current context, or None. The sleeps
@@ -210,12 +236,31 @@ def remaining() -> float:
     Seconds left before the innermost deadline, or `math.inf` if none.
 
     Never negative: an expired deadline leaves 0.0.
+    To pass the time left to a client that takes None for "no limit" (and
+    fails on `math.inf`), use `remaining_or_none`.
 
     .. versionadded:: 26.11.0
     """
     at = _DEADLINE.get()
     if at == math.inf:
         return math.inf
+    return max(0.0, at - _clock.now())
+
+
+def remaining_or_none() -> float | None:
+    """
+    Seconds left before the innermost deadline, or None if there is none.
+
+    The form HTTP and database clients take for their own timeouts, where
+    None means "no limit" and `math.inf` fails
+    (``httpx.get(url, timeout=resilient.remaining_or_none())``).
+    Never negative: an expired deadline leaves 0.0.
+
+    .. versionadded:: 26.12.0
+    """
+    at = _DEADLINE.get()
+    if at == math.inf:
+        return None
     return max(0.0, at - _clock.now())
 
 
@@ -228,26 +273,45 @@ def checkpoint() -> None:
 
     Inside a `resilient.timeout` scope it also raises when the scope was
     cancelled (from any thread) or its deadline passed, the way the scope
-    itself raises.
+    itself raises; a scope cancelled with a reason
+    (``scope.cancel(reason)``) raises that reason.
 
     Raises:
         DeadlineExceeded: The deadline has passed.
 
     .. versionadded:: 26.11.0
+    .. versionchanged:: 26.12.0
+       Raises the reason a scope was cancelled with.
     """
     at = _DEADLINE.get()
     if at != math.inf and _clock.now() >= at:
         raise DeadlineExceeded(at)
     scope = _SCOPE.get()
     if scope is not None:
-        scope.check()
+        scope.check(raise_reason=True)
+
+
+def int_seconds(name: str, value: int, *, signed: bool = False) -> float:
+    """
+    An int number of seconds as a float: one too large for a float is
+    `math.inf` (no limit in practice; ``-math.inf`` if *signed*).
+
+    Raises:
+        ConfigError: *value* is negative and not *signed*.
+    """
+    if value < 0 and not signed:
+        raise ConfigError(name, value, "must be >= 0")
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
 
 
 def _to_seconds(value: object) -> object:
     if isinstance(value, dt.timedelta):
         return value.total_seconds()
     if isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        return int_seconds("deadline(seconds=...)", value)
     return value
 
 
@@ -338,12 +402,15 @@ def deadline(seconds: float | dt.timedelta | None) -> Deadline:
 
     Args:
         seconds: Time allowed from entry, in seconds; `None` adds no limit
-            (an outer deadline still applies).
+            (an outer deadline still applies), and so does a number too
+            large for a float (``10**400``), like `math.inf`.
 
     Raises:
         ConfigError: *seconds* is negative or NaN (a `ValueError`).
         ConfigTypeError: *seconds* is not a number (a `TypeError`).
 
     .. versionadded:: 26.11.0
+    .. versionchanged:: 26.12.0
+       Huge *seconds* mean no limit instead of `OverflowError`.
     """
     return Deadline(seconds=math.inf if seconds is None else seconds)

@@ -16,6 +16,8 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Status, StatusCode
 
+from resilient.exceptions import ConfigTypeError
+
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,6 +29,11 @@ if TYPE_CHECKING:
 
 
 SCOPE: Final = "resilient"
+
+TEXT_LIMIT: Final = 256
+"""The most characters of an exception message, or of any other text value
+(a policy's name), that resilient puts in a span attribute; longer text is
+cut there and ends with an ellipsis."""
 
 _I = TypeVar("_I")
 
@@ -77,6 +84,7 @@ class _Telemetry:
         "instruments",
         "meter",
         "meter_provider",
+        "record_messages",
         "tracer",
         "tracer_provider",
     )
@@ -91,6 +99,8 @@ class _Telemetry:
         """Other primitives' instruments, made on `meter` (see
         `instruments`)."""
         self.checked_env = False
+        self.record_messages = True
+        """Whether span events carry exception messages (bounded)."""
 
     def resolve(self) -> tuple[Tracer | None, _Instruments | None]:
         """The tracer and instruments, or None where nothing is configured."""
@@ -124,19 +134,39 @@ def configure_telemetry(
     *,
     tracer_provider: TracerProvider | None = None,
     meter_provider: MeterProvider | None = None,
+    record_messages: bool = True,
 ) -> None:
     """
     Send resilient's spans and metrics to these providers instead of the
-    global ones.
+    global ones, and choose what failed spans say about the exception.
 
-    Call with no arguments to go back to the global providers.
+    Each call sets the whole configuration: call with no arguments to go
+    back to the global providers and the defaults.
 
     Args:
         tracer_provider: Where spans go; None for the global provider.
         meter_provider: Where metrics go; None for the global provider.
+        record_messages: Whether a failed span's ``exception`` event
+            carries the exception's message (``exception.message``, cut
+            to 256 characters). False keeps only its type: messages can
+            hold what the failing code put there, a connection string with
+            its password included. Tracebacks are never recorded.
+
+    Raises:
+        ConfigTypeError: *record_messages* is not a bool.
 
     .. versionadded:: 26.11.0
+    .. versionchanged:: 26.12.0
+       *record_messages*; messages are cut to 256 characters and
+       tracebacks no longer recorded.
     """
+    if not isinstance(record_messages, bool):
+        raise ConfigTypeError(
+            "configure_telemetry(record_messages)",
+            record_messages,
+            "must be a bool",
+        )
+    TELEMETRY.record_messages = record_messages
     TELEMETRY.tracer_provider = tracer_provider
     TELEMETRY.meter_provider = meter_provider
     TELEMETRY.tracer = None
@@ -200,9 +230,41 @@ def recorder(policy: str) -> CallRecorder | None:
     return CallRecorder(policy, tracer, instruments)
 
 
-def _fail(span: Span, exc: BaseException) -> None:
-    span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+def bounded(text: str) -> str:
+    """*text* cut to `TEXT_LIMIT` characters (and an ellipsis)."""
+    if len(text) <= TEXT_LIMIT:
+        return text
+    return text[:TEXT_LIMIT] + "\u2026"
+
+
+def exception_attributes(exc: BaseException) -> dict[str, str]:
+    """
+    The attributes of an ``exception`` span event, bounded: the qualified
+    type and (unless configured off) the message cut to `TEXT_LIMIT`; no
+    traceback (the SDK's ``record_exception`` copies it whole, with every
+    message in its chain).
+    """
+    cls = type(exc)
+    module = cls.__module__
+    name = cls.__qualname__
+    attributes = {
+        "exception.type": bounded(
+            name if module in {"builtins", ""} else f"{module}.{name}"
+        )
+    }
+    if TELEMETRY.record_messages:
+        try:
+            message = str(exc)
+        except Exception:  # noqa: BLE001 - a broken __str__
+            message = f"<unprintable {name}>"
+        attributes["exception.message"] = bounded(message)
+    return attributes
+
+
+def record_failure(span: Span, exc: BaseException) -> None:
+    """Mark *span* failed by *exc*: a bounded event and the ERROR status."""
+    span.add_event("exception", exception_attributes(exc))
+    span.set_status(Status(StatusCode.ERROR, bounded(type(exc).__qualname__)))
 
 
 @final
@@ -229,7 +291,7 @@ class CallRecorder:
         tracer: Tracer | None,
         instruments: _Instruments | None,
     ) -> None:
-        self._name = policy
+        self._name = policy = bounded(policy)
         self._labels = {"resilient.policy": policy}
         self._tracer = tracer
         self._instruments = instruments
@@ -261,7 +323,7 @@ class CallRecorder:
             return
         otel_context.detach(self._token)  # type: ignore[arg-type]
         if exc is not None:
-            _fail(span, exc)
+            record_failure(span, exc)
         else:
             span.set_status(Status(StatusCode.OK))
         span.end()
@@ -308,7 +370,7 @@ class CallRecorder:
             return
         span.set_attribute("resilient.attempts", attempts)
         if exc is not None:
-            _fail(span, exc)
+            record_failure(span, exc)
         else:
             span.set_status(Status(StatusCode.OK))
         span.end()
