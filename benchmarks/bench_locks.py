@@ -3,7 +3,9 @@ Lock benchmarks: the embedded backend against filelock.
 
 - uncontended: acquire + release per second in one process, resilient's
   ``with resilient.lock(...)`` on the embedded SQLite backend (and its bare
-  backend calls) against ``filelock.FileLock``, in interleaved rounds;
+  backend calls) against ``filelock.FileLock`` and against the floor of raw
+  SQLite (one UPSERT that mints the token, one DELETE, on a WAL database
+  with ``synchronous=NORMAL``, as the backend uses), in interleaved rounds;
 - hand-over: 4 processes contend for one lock, each holding it ~1 ms; the
   latency from one holder's release to the acquire of the next holder in
   another process (p50, p99, max) on the shared CLOCK_MONOTONIC. filelock
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import sqlite3
 import statistics
 import sys
 import tempfile
@@ -86,10 +89,32 @@ def embedded_uncontended(directory: Path) -> dict[str, Callable[[int], None]]:
             with peer:
                 pass
 
+    db = sqlite3.connect(directory / "raw.sqlite3", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute(
+        "CREATE TABLE leases (name TEXT PRIMARY KEY, owner BLOB, "
+        "fence INTEGER, expires_ns INTEGER) WITHOUT ROWID"
+    )
+    upsert = (
+        "INSERT INTO leases VALUES (?1, ?2, 1, ?3) ON CONFLICT (name) DO "
+        "UPDATE SET owner = ?2, fence = fence + 1, expires_ns = ?3 "
+        "WHERE leases.expires_ns <= ?4 RETURNING fence"
+    )
+    delete = "DELETE FROM leases WHERE name = ? AND owner = ?"
+
+    def raw_sqlite(n: int) -> None:
+        for _ in range(n):
+            owner = os.urandom(20)
+            now = time.monotonic_ns()
+            db.execute(upsert, ("x", owner, now + 30_000_000_000, now))
+            db.execute(delete, ("x", owner))
+
     return {
         "resilient.lock (sqlite)": shell,
         "sqlite backend, bare calls": raw,
         "filelock.FileLock": file_lock,
+        "raw SQLite UPSERT + DELETE": raw_sqlite,
     }
 
 
@@ -154,16 +179,18 @@ def run_embedded(rounds: int, n: int, holds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         rates = interleave(embedded_uncontended(directory), rounds, n)
-        floor = statistics.median(rates["filelock.FileLock"])
+        peer = statistics.median(rates["filelock.FileLock"])
+        floor = statistics.median(rates["raw SQLite UPSERT + DELETE"])
         print("\nEmbedded, uncontended acquire + release (one process)")
         print(
-            f"{'case':34} {'median/s':>10} {'best/s':>10} {'vs filelock':>12}"
+            f"{'case':34} {'median/s':>10} {'best/s':>10} "
+            f"{'vs filelock':>12} {'vs raw SQLite':>14}"
         )
         for name, values in rates.items():
             med = statistics.median(values)
             print(
                 f"{name:34} {med:10,.0f} {max(values):10,.0f} "
-                f"{med / floor:11.2f}x"
+                f"{med / peer:11.2f}x {med / floor:13.2f}x"
             )
         print(
             "\nHand-over to a waiting process, 4 processes, "
@@ -191,7 +218,11 @@ def main(argv: list[str] | None = None) -> None:
     rounds = 3 if args.quick else args.rounds
     n = 500 if args.quick else 2000
     holds = 50 if args.quick else 250
-    print(f"python {sys.version.split()[0]}, pid {os.getpid()}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"python {sys.version.split()[0]}, pid {os.getpid()}, "
+        f"{os.cpu_count()} CPUs, load average {load}"
+    )
     run_embedded(rounds, n, holds)
 
 

@@ -330,12 +330,14 @@ class LockBackendError(ResilientError):
         super().__init__(f"{scheme} lock store: {reason}: {message}")
 
 
-class LockNotAcquired(ResilientError):
+class LockNotAcquired(Rejected):
     """
     A lock was not acquired: it was held and the caller could not wait (or
     waited as long as allowed), or the store did not answer.
 
-    Not a failure of the dependency. Never carries the owner token.
+    Not a failure of the dependency. Never carries the owner token. A
+    `Rejected`: retry outwaits it when the store said when the holder's
+    lease runs out (*retry_after*), within the deadline.
 
     Attributes:
         name: The lock's name.
@@ -345,18 +347,17 @@ class LockNotAcquired(ResilientError):
             the store's error is the ``__cause__``).
         waited: Seconds spent trying.
         retry_after: Seconds until the holder's lease expires if it is not
-            renewed, when the store said (else 0.0): a hint, not a promise.
-    """
+            renewed, when the store said; None when it did not (the store
+            did not answer, or cannot tell): a hint, not a promise.
 
-    # TODO: subclass resilient.exceptions.Rejected once the pipeline branch
-    # lands it on main (COMMON.md contract), so retry outwaits it.
+    """
 
     def __init__(
         self,
         name: str,
         reason: str,
         waited: float,
-        retry_after: float = 0.0,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(name, reason, waited, retry_after)
         self.name = name

@@ -14,6 +14,7 @@ import pytest
 
 from resilient._backends import LockKey, open_backend
 from resilient._backends import _memory as memory
+from resilient._backends import _sqlite as sqlite
 from tests.lock_contract import BackendContract
 
 
@@ -38,6 +39,8 @@ class TestMemory(BackendContract):
 
 class TestSqlite(BackendContract):
     """``sqlite://``: the contract, on a file in a temporary directory."""
+
+    kept_rows = sqlite.SWEEP_EVERY  # Released rows wait for the sweep.
 
     @pytest.fixture
     def lock_backend_url(self, tmp_path: Path) -> str:

@@ -180,18 +180,80 @@ def test_closing_another_descriptor_keeps_the_flock(url: str) -> None:
                 fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(probe)
-        ((held, held_path),) = backend._flocks.values()  # type: ignore[attr-defined]
-        assert os.fstat(held).st_ino == os.stat(held_path).st_ino  # noqa: PTH116
+        ((held, ino, _),) = backend._flocks.values()  # type: ignore[attr-defined]
+        assert os.fstat(held).st_ino == ino == os.stat(path).st_ino  # noqa: PTH116
 
 
-def test_release_leaves_no_file_behind(url: str) -> None:
-    """Lock files are removed on release: the lock directory does not grow
-    with the number of names ever used."""
+def test_lock_files_stay_bounded_and_go_at_close(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock directory does not grow with the number of names ever used:
+    a store keeps at most `FD_CACHE` lock files (their descriptors cached
+    for the next hold), and closing it removes them."""
+    monkeypatch.setattr(sqlite_backend, "FD_CACHE", 4)
     for i in range(20):
         with resilient.lock(f"job-{i}", backend=url):
             pass
     backend = open_backend(url)
+    assert len(list(backend.dir.iterdir())) == 4  # type: ignore[attr-defined]
+    backend.close()
     assert list(backend.dir.iterdir()) == []  # type: ignore[attr-defined]
+
+
+def test_a_hold_reuses_the_cached_descriptor(url: str) -> None:
+    """Holding a lock again reuses the lock file's descriptor and inode
+    (no open, unlink or close per hold)."""
+    backend = open_backend(url)
+    lock = resilient.lock("job", backend=url)
+    seen = set()
+    for _ in range(3):
+        with lock:
+            ((fd, ino, _),) = backend._flocks.values()  # type: ignore[attr-defined]
+            seen.add((fd, ino))
+    assert len(seen) == 1
+
+
+def test_a_file_unlinked_while_cached_is_opened_again(url: str) -> None:
+    """A cached descriptor whose file was unlinked meanwhile (another
+    process evicted it) is not used: the next hold flocks the file now at
+    the path, which a waiter opening the path would see."""
+    backend = open_backend(url)
+    lock = resilient.lock("job", backend=url)
+    with lock:
+        pass
+    path = backend._file(LockKey.of("job"))  # type: ignore[attr-defined]
+    os.unlink(path)  # noqa: PTH108
+    with lock:
+        ((fd, ino, _),) = backend._flocks.values()  # type: ignore[attr-defined]
+        assert os.stat(path).st_ino == ino == os.fstat(fd).st_ino  # noqa: PTH116
+        probe = os.open(path, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(probe)
+
+
+def test_eviction_keeps_a_file_someone_holds(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached descriptor evicted while another descriptor holds the file's
+    flock (another process's holder) is closed without unlinking the file,
+    so that holder's flock stays the one at the path."""
+    monkeypatch.setattr(sqlite_backend, "FD_CACHE", 1)
+    backend = open_backend(url)
+    with resilient.lock("a", backend=url):
+        pass
+    path = backend._file(LockKey.of("a"))  # type: ignore[attr-defined]
+    other = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with resilient.lock("b", backend=url):  # Evicts "a".
+            pass
+        assert os.stat(path).st_ino == os.fstat(other).st_ino  # noqa: PTH116
+    finally:
+        os.close(other)
+    assert not backend._fds.get(LockKey.of("a").digest)  # type: ignore[attr-defined]
 
 
 def test_a_lease_from_an_earlier_boot_is_expired(url: str) -> None:
@@ -322,4 +384,59 @@ def test_the_shells_on_the_embedded_store(url: str) -> None:
     assert tokens == sorted(set(tokens))
     path = open_backend(url).path  # type: ignore[attr-defined]
     with sqlite3.connect(path) as db:
-        assert db.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+        held = "SELECT count(*) FROM leases WHERE expires_ns != 0"
+        assert db.execute(held).fetchone() == (0,)
+
+
+def test_exit_releases_leases_no_thread_still_uses(url: str) -> None:
+    """At interpreter exit, a lease the main thread took by hand and never
+    released is released (its row is free at once, not after its 30 s TTL),
+    while one a daemon thread still holds is left to expire, and the lock
+    files nobody uses are removed."""
+    code = """
+    import os, threading, resilient
+    url = os.environ["URL"]
+    resilient.lock("main", backend=url, ttl=30).acquire()
+    held = threading.Event()
+    def daemon():
+        with resilient.lock("daemon", backend=url, ttl=30):
+            held.set()
+            threading.Event().wait()
+    threading.Thread(target=daemon, daemon=True).start()
+    held.wait(10)
+    print("exiting", flush=True)
+    """
+    child = start(code, url)
+    out, err = child.communicate(timeout=30)
+    assert (out.strip(), child.returncode) == ("exiting", 0), err
+    path = Path(url.removeprefix("sqlite:///"))
+    with sqlite3.connect(path) as db:
+        rows = dict(db.execute("SELECT name, expires_ns FROM leases"))
+    assert rows[LockKey.of("main").hex] == 0  # Released.
+    assert rows[LockKey.of("daemon").hex] > time.monotonic_ns()  # Left.
+    lock_dir = Path(f"{path}.locks")
+    assert [p.name for p in lock_dir.iterdir()] == [
+        f"{LockKey.of('daemon').hex}.lock"
+    ]
+
+
+def test_a_cached_descriptor_of_a_file_someone_holds_is_kept(url: str) -> None:
+    """While another descriptor holds a free lock's flock (another process's
+    waiter, about to take the row), a try from this process, which has the
+    file's descriptor cached, is refused and keeps the descriptor; once the
+    flock is let go the next try takes the lock with it."""
+    backend = open_backend(url)
+    lock = resilient.lock("job", backend=url, blocking=False)
+    with lock:
+        pass
+    path = backend._file(LockKey.of("job"))  # type: ignore[attr-defined]
+    other = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(resilient.LockNotAcquired):
+            lock.acquire()
+        assert LockKey.of("job").digest in backend._fds  # type: ignore[attr-defined]
+    finally:
+        os.close(other)
+    with lock as lease:
+        assert lease.held

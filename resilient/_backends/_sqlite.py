@@ -16,10 +16,27 @@ may take over a row whose holder recorded the flock, because that holder
 must be gone. The flock only ever wakes and proves death; the row grants
 and fences.
 
-Why the takeover is safe: the path's inode changes only when a holder of
-that inode's flock unlinks it (at release), and a process that gets a flock
-checks that its inode is still the path's, so while a holder that recorded
-the flock lives, no one else can hold the flock of the path's inode.
+Why the takeover is safe: the path's inode changes only when a process that
+holds that inode's flock unlinks it, and a process that gets a flock checks
+that its inode is still the path's, so while a holder that recorded the
+flock lives, no one else can hold the flock of the path's inode.
+
+The costs of an uncontended acquire + release, kept low: each process keeps
+the descriptors of the lock files it used lately open, unlocked, in a
+bounded cache (`FD_CACHE` per store), so a hold is one ``flock`` and one
+``stat`` to take the file and one ``flock`` to let it go, instead of an
+open, an unlink and a close; a file is unlinked only when its descriptor
+leaves the cache (or the store is closed, or the process exits), under its
+flock and after the inode check, so no waiter is ever left holding an
+unlinked file that the next holder would not see. A process killed with
+``SIGKILL`` leaves at most `FD_CACHE` empty files, which the next user of
+those names reuses. A release marks the row free (``expires_ns = 0``, one
+``UPDATE`` on the primary key) instead of deleting it: the next grant of the
+name reuses the row, and the sweep (every `SWEEP_EVERY` grants) deletes free
+and expired rows, folding their fences into the floor, so the table holds
+the live leases plus at most about `SWEEP_EVERY` free rows. Statements take
+positional parameters (binding a dict of names costs more than the rest of
+the call) and are prepared once by `sqlite3`'s statement cache.
 
 URL: ``sqlite:///relative/path`` or ``sqlite:////absolute/path`` (as in
 SQLAlchemy), with ``?synchronous=full`` to fsync every grant (power-loss
@@ -31,6 +48,7 @@ wall clock went back across the reboot).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -39,6 +57,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, final
 from urllib.parse import parse_qs, unquote
@@ -68,8 +87,11 @@ BUSY_TIMEOUT: Final = 5.0
 #: flock (the flock's holder may be stopped), in nanoseconds.
 CONTESTED_NS: Final = 50_000_000
 
-#: Every this many grants, expired rows of other names are swept.
+#: Every this many grants, free and expired rows of other names are swept.
 SWEEP_EVERY: Final = 256
+
+#: How many unlocked lock-file descriptors a store keeps open for reuse.
+FD_CACHE: int = 64
 
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS leases (
@@ -93,12 +115,12 @@ _SCHEMA: Final = (
 )
 
 # One statement grants and mints: fence = max(row + 1, floor + 1, wall µs).
+# ?1 name, ?2 owner, ?3 wall-clock µs, ?4 expiry, ?5 boot, ?6 flocked,
+# ?7 now (monotonic ns).
 _ACQUIRE: Final = """
 INSERT INTO leases (name, owner, fence, expires_ns, boot, flocked)
 VALUES (
-    :name, :owner,
-    max((SELECT fence FROM floor WHERE id = 0) + 1, :wall_us),
-    :expires, :boot, :flocked
+    ?1, ?2, max((SELECT fence FROM floor WHERE id = 0) + 1, ?3), ?4, ?5, ?6
 )
 ON CONFLICT (name) DO UPDATE SET
     owner = excluded.owner,
@@ -106,21 +128,25 @@ ON CONFLICT (name) DO UPDATE SET
     expires_ns = excluded.expires_ns,
     boot = excluded.boot,
     flocked = excluded.flocked
-WHERE leases.expires_ns <= :now OR leases.boot != :boot
-    OR leases.owner = :owner OR (:flocked AND leases.flocked)
+WHERE leases.expires_ns <= ?7 OR leases.boot != ?5
+    OR leases.owner = ?2 OR (?6 AND leases.flocked)
 RETURNING fence
 """
 
 _HOLDER: Final = "SELECT expires_ns, boot FROM leases WHERE name = ?"
 
+# ?1 expiry, ?2 name, ?3 owner, ?4 boot, ?5 now.
 _RENEW: Final = """
-UPDATE leases SET expires_ns = :expires
-WHERE name = :name AND owner = :owner AND boot = :boot AND expires_ns > :now
+UPDATE leases SET expires_ns = ?1
+WHERE name = ?2 AND owner = ?3 AND boot = ?4 AND expires_ns > ?5
 """
 
+# A released row is marked free (expires_ns = 0) and kept for the next grant
+# of the name; the sweep deletes it. Only a lease still ours and unexpired
+# counts as released.
 _RELEASE: Final = """
-DELETE FROM leases WHERE name = ? AND owner = ?
-RETURNING expires_ns, boot
+UPDATE leases SET expires_ns = 0
+WHERE name = ? AND owner = ? AND expires_ns > ? AND boot = ?
 """
 
 _SWEEP: Final = """
@@ -168,7 +194,7 @@ class _Name:
     __slots__ = ("fd", "thread", "watchers")
 
     def __init__(self) -> None:
-        self.fd: int | None = None
+        self.fd: tuple[int, int] | None = None
         """A flock this process holds for the name but no lease uses."""
         self.watchers: list[Callable[[], None]] = []
         self.thread: threading.Thread | None = None
@@ -188,7 +214,10 @@ class SqliteBackend:
         self.boot = boot_id()
         self._lock = threading.Lock()
         self._names: dict[bytes, _Name] = {}
-        self._flocks: dict[bytes, tuple[int, Path]] = {}
+        # Held flocks by owner secret: (descriptor, inode, key digest).
+        self._flocks: dict[bytes, tuple[int, int, bytes]] = {}
+        # Unlocked descriptors kept for reuse, by key digest, oldest first.
+        self._fds: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
         self._grants = 0
         self._contested: dict[bytes, int] = {}
         self._pid = 0
@@ -235,24 +264,29 @@ class SqliteBackend:
         if self._pid and self._pid != os.getpid():
             # Closing our copies of the descriptors keeps the parent's
             # flocks (a flock lives while any descriptor of it is open).
-            for fd, _ in self._flocks.values():
+            fds = [held[0] for held in self._flocks.values()]
+            fds += [cached[0] for cached in self._fds.values()]
+            for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             self._flocks.clear()
+            self._fds.clear()
             self._names.clear()
             self._lock = threading.Lock()
             self._conn = None
 
     # -- the flocks ------------------------------------------------------
 
-    def _file(self, key: LockKey) -> Path:
-        return self.dir / f"{key.hex}.lock"
+    def _file(self, key: LockKey) -> str:
+        return f"{self.dir}/{key.hex}.lock"
 
-    def _open_locked(self, path: Path, *, block: bool) -> int | None:
+    def _open_locked(
+        self, path: str, *, block: bool
+    ) -> tuple[int, int] | None:
         """
-        Open *path* and flock it (waiting if *block*); None if it is held.
-        The inode is checked after the flock, so a file a releaser unlinked
-        meanwhile is never the one held.
+        Open *path* and flock it (waiting if *block*): the descriptor and
+        its inode, or None if it is held. The inode is checked after the
+        flock, so a file unlinked meanwhile is never the one held.
         """
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -268,25 +302,74 @@ class SqliteBackend:
             except BaseException:
                 os.close(fd)
                 raise
-            try:
-                same = os.stat(path).st_ino == os.fstat(fd).st_ino  # noqa: PTH116
-            except FileNotFoundError:
-                same = False
-            if same:
-                return fd
+            ino = os.fstat(fd).st_ino
+            if _inode(path) == ino:
+                return fd, ino
             os.close(fd)  # Unlinked under us: take the new file.
 
-    def _take_flock(self, key: LockKey) -> int | None:
-        """A flock of *key*'s file: one a waker got for us, or a new try."""
+    def _take_flock(self, key: LockKey) -> tuple[int, int] | None:
+        """
+        A flock of *key*'s file: one a waker got for us, a cached
+        descriptor locked again, or a newly opened one; None if held.
+        """
         with self._lock:
             state = self._names.get(key.digest)
             if state is not None and state.fd is not None:
-                fd, state.fd = state.fd, None
-                return fd
+                taken, state.fd = state.fd, None
+                return taken
+            cached = self._fds.pop(key.digest, None)
+        path = self._file(key)
         try:
-            return self._open_locked(self._file(key), block=False)
+            if cached is not None:
+                fd, ino = cached
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno not in {errno.EWOULDBLOCK, errno.EAGAIN}:
+                        raise  # pragma: no cover - flock on a valid fd
+                    self._cache(key.digest, fd, ino)
+                    return None
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if _inode(path) == ino:
+                    return fd, ino
+                os.close(fd)  # Unlinked since: the path is a new file.
+            return self._open_locked(path, block=False)
         except OSError:
             return None  # No lock directory access: rows still work.
+
+    def _cache(self, digest: bytes, fd: int, ino: int) -> None:
+        """Keep an unlocked descriptor for reuse; evict the oldest."""
+        evicted = []
+        with self._lock:
+            old = self._fds.pop(digest, None)
+            if old is not None:
+                evicted.append((digest, *old))
+            self._fds[digest] = (fd, ino)
+            while len(self._fds) > FD_CACHE:
+                oldest, (old_fd, old_ino) = self._fds.popitem(last=False)
+                evicted.append((oldest, old_fd, old_ino))
+        for gone, gone_fd, gone_ino in evicted:
+            self._evict(gone, gone_fd, gone_ino)
+
+    def _evict(self, digest: bytes, fd: int, ino: int) -> None:
+        """
+        Close a cached descriptor, unlinking its file if nobody holds or
+        waits for it: under its flock, and only if it is still the path's.
+        """
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # Held by someone: the file is theirs to keep.
+            return
+        try:
+            path = f"{self.dir}/{digest.hex()}.lock"
+            if _inode(path) == ino:
+                with contextlib.suppress(OSError):
+                    os.unlink(path)  # noqa: PTH108
+        finally:
+            os.close(fd)  # Closing drops the flock.
 
     def _patient(self, key: LockKey, now: int) -> bool:
         """
@@ -299,30 +382,35 @@ class SqliteBackend:
         first = contested.setdefault(key.digest, now)
         return now - first >= CONTESTED_NS
 
-    def _park(self, key: LockKey, fd: int) -> None:
+    def _park(self, key: LockKey, flock: tuple[int, int]) -> None:
         """Keep a flock for this process's waiters, or let it go."""
         with self._lock:
             state = self._names.get(key.digest)
             if state is not None and state.watchers and state.fd is None:
-                state.fd = fd
+                state.fd = flock
                 return
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        fcntl.flock(flock[0], fcntl.LOCK_UN)
+        self._cache(key.digest, *flock)
 
-    def _drop_flock(self, key: LockKey, owner: OwnerToken) -> None:
-        """After a release: unlink the file (we hold it), then unlock."""
+    def _drop_flock(self, owner: OwnerToken) -> None:
+        """After a release: unlock the file and keep its descriptor."""
         with self._lock:
             held = self._flocks.pop(owner.secret, None)
         if held is None:
             return
-        fd, path = held
-        try:
-            with contextlib.suppress(OSError):
-                if os.stat(path).st_ino == os.fstat(fd).st_ino:  # noqa: PTH116
-                    path.unlink()
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        fd, ino, digest = held
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        self._cache(digest, fd, ino)
+
+    def _clear_cache(self) -> None:
+        """Close every cached descriptor, unlinking the files nobody uses."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return  # A forked child's copies: `_after_fork` drops them.
+            cached = list(self._fds.items())
+            self._fds.clear()
+        for digest, (fd, ino) in cached:
+            self._evict(digest, fd, ino)
 
     # -- the protocol ------------------------------------------------------
 
@@ -331,41 +419,43 @@ class SqliteBackend:
     ) -> Grant | Busy:
         """See `LockBackend.acquire`."""
         conn = self._connection()
-        fd = self._take_flock(key)
+        flock = self._take_flock(key)
+        held = None
         try:
             now = time.monotonic_ns()
             with self._lock:
-                if fd is None and not self._patient(key, now):
+                if flock is None and not self._patient(key, now):
                     held = conn.execute(_HOLDER, (key.hex,)).fetchone()
-                    if held is None:
+                    if held is None or held[0] == 0:
                         # Free, but another process holds the flock: a
                         # waiter about to take it. Its turn, for a moment.
                         return Busy(expires_in=0.001)
                 row = conn.execute(
                     _ACQUIRE,
-                    {
-                        "name": key.hex,
-                        "owner": owner.secret,
-                        "wall_us": time.time_ns() // 1000,
-                        "expires": now + math.ceil(ttl * 1e9),
-                        "boot": self.boot,
-                        "flocked": fd is not None,
-                        "now": now,
-                    },
+                    (
+                        key.hex,
+                        owner.secret,
+                        time.time_ns() // 1000,
+                        now + math.ceil(ttl * 1e9),
+                        self.boot,
+                        flock is not None,
+                        now,
+                    ),
                 ).fetchone()
                 if row is None:
                     held = conn.execute(_HOLDER, (key.hex,)).fetchone()
                 else:
-                    self._contested.pop(key.digest, None)
-                    if fd is not None:
-                        self._flocks[owner.secret] = (fd, self._file(key))
-                        fd = None
+                    if self._contested:
+                        self._contested.pop(key.digest, None)
+                    if flock is not None:
+                        self._flocks[owner.secret] = (*flock, key.digest)
+                        flock = None
                     self._grants += 1
                     if self._grants % SWEEP_EVERY == 0:
                         conn.execute(_SWEEP, (now, self.boot))
         finally:
-            if fd is not None:
-                self._park(key, fd)
+            if flock is not None:
+                self._park(key, flock)
         if row is not None:
             return Grant(fence=row[0], ttl=ttl)
         if held is None or held[1] != self.boot:
@@ -383,13 +473,13 @@ class SqliteBackend:
                 for item in batch:
                     cursor = conn.execute(
                         _RENEW,
-                        {
-                            "expires": now + math.ceil(item.ttl * 1e9),
-                            "name": item.key.hex,
-                            "owner": item.owner.secret,
-                            "boot": self.boot,
-                            "now": now,
-                        },
+                        (
+                            now + math.ceil(item.ttl * 1e9),
+                            item.key.hex,
+                            item.owner.secret,
+                            self.boot,
+                            now,
+                        ),
                     )
                     done.append(cursor.rowcount == 1)
             except BaseException:
@@ -402,16 +492,14 @@ class SqliteBackend:
         """See `LockBackend.release`."""
         conn = self._connection()
         try:
-            now = time.monotonic_ns()
             with self._lock:
-                row = conn.execute(
-                    _RELEASE, (key.hex, owner.secret)
-                ).fetchone()
+                count = conn.execute(
+                    _RELEASE,
+                    (key.hex, owner.secret, time.monotonic_ns(), self.boot),
+                ).rowcount
         finally:
-            self._drop_flock(key, owner)
-        if row is None or row[1] != self.boot or row[0] <= now:
-            return ReleaseResult.NOT_HELD
-        return ReleaseResult.RELEASED
+            self._drop_flock(owner)
+        return ReleaseResult.RELEASED if count == 1 else ReleaseResult.NOT_HELD
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
@@ -444,8 +532,8 @@ class SqliteBackend:
                     if state.thread is None:
                         self._names.pop(key.digest, None)
             if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
+                fcntl.flock(fd[0], fcntl.LOCK_UN)
+                self._cache(key.digest, *fd)
 
         return stop
 
@@ -463,13 +551,17 @@ class SqliteBackend:
             elif not watchers:
                 self._names.pop(key.digest, None)
         if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+            fcntl.flock(fd[0], fcntl.LOCK_UN)
+            self._cache(key.digest, *fd)
         for notify in watchers:
             notify()
 
     def close(self) -> None:
-        """Close the connection; leases and their flocks stay."""
+        """
+        Close the connection and the cached descriptors (unlinking the
+        files nobody uses); leases and their flocks stay.
+        """
+        self._clear_cache()
         with self._lock:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
@@ -524,8 +616,24 @@ class AsyncSqliteBackend:
         """Nothing of its own: the sync store is shared."""
 
 
+def _inode(path: str) -> int | None:
+    """The inode of *path*, or None if there is no such file."""
+    try:
+        return os.stat(path).st_ino  # noqa: PTH116
+    except FileNotFoundError:
+        return None
+
+
 _STORES: dict[tuple[Path, bool], SqliteBackend] = {}
 _STORES_LOCK = threading.Lock()
+
+
+@atexit.register
+def _tidy_at_exit() -> None:
+    """Remove the lock files this process cached and nobody else uses."""
+    for store in list(_STORES.values()):
+        with contextlib.suppress(Exception):
+            store._clear_cache()  # noqa: SLF001
 
 
 def _store(url: str) -> SqliteBackend:

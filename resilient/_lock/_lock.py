@@ -10,9 +10,12 @@ The block runs inside a cancel scope that the lease's loss cancels.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import contextvars
 import logging
 import random
+import sys
 import threading
 from typing import (
     TYPE_CHECKING,
@@ -53,7 +56,7 @@ from resilient.exceptions import ConfigTypeError, LockLost, LockNotAcquired
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine
     from types import TracebackType
 
     from opentelemetry.trace import Span
@@ -74,9 +77,10 @@ RELEASE_TIMEOUT: Final = 5.0
 
 _RNG: Final = random.Random()
 
-# (url, key digest) -> who holds it in this process: a thread id, or a
-# task ("task", id). Only to refuse a same-holder second acquire.
-_HOLDERS: dict[tuple[str, bytes], object] = {}
+# (url, key digest) -> the lease this process holds; its holder is a thread
+# id, or a task ("task", id). To refuse a same-holder second acquire, and
+# to release at exit the leases no thread can still be using.
+_HOLDERS: dict[tuple[str, bytes], Lease] = {}
 _HOLDERS_LOCK = threading.Lock()
 
 # The leases `with` / `async with` entered in this context, innermost last.
@@ -95,7 +99,8 @@ def _me(library: str | None) -> object:
 
 def _claim(lock: Lock, me: object) -> None:
     with _HOLDERS_LOCK:
-        if _HOLDERS.get((lock.url, lock.key.digest)) == me:
+        held = _HOLDERS.get((lock.url, lock.key.digest))
+        if held is not None and held._holder == me:  # noqa: SLF001
             who = "thread" if isinstance(me, int) else "task"
             raise RuntimeError(
                 f"lock {lock.key.shown!r} is already held by this {who}: "
@@ -303,7 +308,7 @@ class Lease:
     def _start(self) -> None:
         """Record the holder and start renewing; `_let_go` undoes it."""
         with _HOLDERS_LOCK:
-            _HOLDERS[self._lock.url, self._lock.key.digest] = self._holder
+            _HOLDERS[self._lock.url, self._lock.key.digest] = self
         self._renewer.add(self._record)
         self._telemetry.acquired(self.token, self.waited)
 
@@ -317,7 +322,7 @@ class Lease:
         self._renewer.remove(record)
         with _HOLDERS_LOCK:
             key = (self._lock.url, self._lock.key.digest)
-            if _HOLDERS.get(key) == self._holder:
+            if _HOLDERS.get(key) is self:
                 del _HOLDERS[key]
         return record.reason != "forked"
 
@@ -424,8 +429,8 @@ def _not_acquired(  # noqa: PLR0917
     error: BaseException | None,
 ) -> LockNotAcquired:
     waited = _clock.get_clock().now() - acq.start
-    after = 0.0
-    if busy is not None and busy.expires_in is not None:
+    after = None
+    if error is None and busy is not None and busy.expires_in is not None:
         after = max(busy.expires_in, 0.0)
     telemetry.end(reason, error=True)
     exc = LockNotAcquired(lock.key.shown, reason, waited, after)
@@ -654,6 +659,147 @@ def _loop_token(library: str) -> object:
     return asyncio.get_running_loop()
 
 
+# The hold the last ``with`` statement of this thread made (`_Exits`):
+# (hold, id of the statement's frame, its code, its instruction).
+_PENDING: Final = threading.local()
+
+# Release tasks of abandoned async leases (a reference keeps them alive).
+_BACKGROUND: set[object] = set()
+
+
+@final
+class _Hold:
+    """
+    One ``with`` / ``async with`` of a lock: the exit the statement calls,
+    and the lease it entered. Dropped unreleased (its exit was interrupted
+    before its first line ran), its ``__del__`` releases the lease.
+    """
+
+    __slots__ = ("call", "entry", "lock")
+
+    def __init__(self, lock: Lock) -> None:
+        self.lock = lock
+        self.entry: tuple[Lease, _timeout.TimeoutScope] | None = None
+        self.call: Callable[[Callable[[], object]], None] | None = None
+
+    def exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self.lock._leave(self.entry, exc_type, exc, tb)  # noqa: SLF001
+
+    async def aexit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return await self.lock._aleave(self.entry, exc_type, exc, tb)  # noqa: SLF001
+
+    def __del__(self) -> None:
+        entry = getattr(self, "entry", None)  # None if __init__ was cut
+        if entry is not None and entry[0]._released is None:  # noqa: SLF001
+            _abandon(entry[0], entry[1], self.call)
+
+
+@final
+class _Exits:
+    """
+    `Lock.__exit__` / `Lock.__aexit__`: bound on an instance, the exit of a
+    new `_Hold` (recorded for the `Lock.__enter__` that follows); on the
+    class, the plain method (for ``ExitStack`` and explicit calls).
+    """
+
+    __slots__ = ("_async",)
+
+    def __init__(self, *, is_async: bool) -> None:
+        self._async = is_async
+
+    def __get__(self, lock: Lock | None, owner: type | None = None) -> Any:
+        if lock is None:
+            return Lock._aexit if self._async else Lock._exit  # noqa: SLF001
+        frame = sys._getframe(1)  # noqa: SLF001 - the with statement's frame
+        hold = _Hold(lock)
+        _PENDING.hold = (hold, id(frame), frame.f_code, frame.f_lasti)
+        return hold.aexit if self._async else hold.exit
+
+
+def _abandon(
+    lease: Lease,
+    scope: _timeout.TimeoutScope,
+    call: Callable[[Callable[[], object]], None] | None,
+) -> None:
+    """
+    Release a lease its ``with`` statement dropped unreleased. Runs in
+    ``__del__`` (any thread, any moment): stops the renewal at once, and
+    sends the release from a thread of its own (sync) or a task in the
+    lease's event loop (async); never raises, never blocks.
+    """
+    try:
+        lease._let_go()  # noqa: SLF001
+        if lease._library is None:  # noqa: SLF001
+            if (
+                threading.get_ident() == lease._holder  # noqa: SLF001
+                and scope._state == "entered"  # noqa: SLF001
+            ):
+                with contextlib.suppress(Exception):  # Another context.
+                    scope.__exit__(None, None, None)
+            threading.Thread(
+                target=_release_quietly,
+                args=(lease,),
+                name="resilient-lock-abandoned",
+                daemon=True,
+            ).start()
+        elif call is not None:  # pragma: no branch - set with the entry
+            call(lambda: _spawn_release(lease))
+    except Exception:  # noqa: BLE001 - in __del__: the lease expires
+        log.debug("lock %r: an abandoned lease is left to expire", lease.name)
+
+
+def _release_quietly(lease: Lease) -> None:
+    """An abandoned lease's release, in a thread of its own."""
+    try:
+        lease.release()
+    except BaseException:  # noqa: BLE001 - nobody to tell: the lease expires
+        log.debug("lock %r: an abandoned lease is left to expire", lease.name)
+
+
+def _spawn_release(lease: Lease) -> None:
+    """In the lease's event loop: release it in a task of its own."""
+    if lease._library == "trio":  # noqa: SLF001
+        import trio  # noqa: PLC0415
+
+        trio.lowlevel.spawn_system_task(lease.arelease)
+        return
+    import asyncio  # noqa: PLC0415
+
+    task = asyncio.get_running_loop().create_task(lease.arelease())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    """
+    At interpreter exit, release the sync leases of threads that are done
+    (the main thread and every joined thread; not daemon threads, which may
+    still be running their blocks): a lease taken by hand and never
+    released, or one whose ``with`` was interrupted and not recovered.
+    """
+    daemons = {t.ident for t in threading.enumerate() if t.daemon}
+    with _HOLDERS_LOCK:
+        leases = list(_HOLDERS.values())
+    for lease in leases:
+        if lease._library is None and lease._holder not in daemons:  # noqa: SLF001
+            with contextlib.suppress(Exception):
+                lease.release()
+    embedded = sys.modules.get("resilient._backends._sqlite")
+    if embedded is not None:  # Its files of the leases released just now.
+        embedded._tidy_at_exit()  # noqa: SLF001
+
+
 @final
 class Lock:
     """
@@ -750,8 +896,36 @@ class Lock:
         )
 
     # -- with / async with -------------------------------------------------
+    #
+    # A ``with`` statement looks ``__exit__`` up (binding it) before it
+    # calls ``__enter__``: `_Exits` binds it to a fresh `_Hold`, which
+    # `__enter__` links to the lease it enters. The statement keeps the
+    # hold until it has called its exit; if the exit is interrupted at its
+    # very first instruction (where no Python code can catch anything), the
+    # statement drops the hold with the lease unreleased, and the hold's
+    # ``__del__`` releases it. Entered any other way (``ExitStack``, explicit
+    # calls), the lease is found again in `_ENTERED`.
+
+    def _linked(self) -> _Hold | None:
+        """The hold a ``with`` of this lock just made, if the caller is one."""
+        pending = getattr(_PENDING, "hold", None)
+        if pending is None:
+            return None
+        _PENDING.hold = None
+        hold: _Hold = pending[0]
+        _, frame_id, code, lasti = pending
+        frame = sys._getframe(2)  # noqa: SLF001 - the with statement's frame
+        if (
+            hold.lock is self
+            and frame_id == id(frame)
+            and code is frame.f_code
+            and lasti == frame.f_lasti
+        ):
+            return hold
+        return None
 
     def __enter__(self) -> Lease:
+        hold = self._linked()
         out: list[Lease] = []
         scope: _timeout.TimeoutScope | None = None
         try:
@@ -759,7 +933,10 @@ class Lock:
             scope = _timeout.TimeoutScope(
                 seconds=None, at=None, interrupt=False
             )
-            _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
+            if hold is not None:
+                hold.entry = (lease, scope)
+            else:
+                _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             scope.__enter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
             return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
@@ -784,8 +961,9 @@ class Lock:
                 _ENTERED.set(entered[:i] + entered[i + 1 :])
                 return
 
-    def __exit__(
+    def _leave(
         self,
+        linked: tuple[Lease, _timeout.TimeoutScope] | None,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
@@ -793,7 +971,7 @@ class Lock:
         # The release runs on the normal path and again, from scratch, if
         # an interrupt lands anywhere in it: every step is idempotent.
         try:
-            entry = self._top()
+            entry = linked or self._top()
             if entry is None:
                 raise RuntimeError(f"{self!r} was not entered here")  # noqa: TRY301
             lease, scope = entry
@@ -802,7 +980,7 @@ class Lock:
             lease.release()
             self._forget([lease])
         except BaseException:
-            entry = self._top()
+            entry = linked or self._top()
             if entry is not None:
                 try:
                     if entry[1]._state == "entered":  # noqa: SLF001
@@ -815,7 +993,20 @@ class Lock:
             raise
         return _outcome(lease, exc, swallowed, lost)
 
-    async def __aenter__(self) -> Lease:
+    def _exit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self._leave(None, exc_type, exc, tb)
+
+    def __aenter__(self) -> Coroutine[Any, Any, Lease]:
+        # A plain function: it runs inside the ``async with`` statement's
+        # own instruction, where its hold can be recognised.
+        return self._aenter(self._linked())
+
+    async def _aenter(self, hold: _Hold | None) -> Lease:
         out: list[Lease] = []
         scope: _timeout.TimeoutScope | None = None
         try:
@@ -823,7 +1014,11 @@ class Lock:
             scope = _timeout.TimeoutScope(
                 seconds=None, at=None, interrupt=False
             )
-            _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
+            if hold is not None:
+                hold.call = _loops.loop_caller(lease._library)  # type: ignore[arg-type]  # noqa: SLF001
+                hold.entry = (lease, scope)
+            else:
+                _ENTERED.set((*_ENTERED.get(), (self, lease, scope)))
             await scope.__aenter__()
             lease._record.on_lost(scope.cancel)  # noqa: SLF001
             return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
@@ -835,8 +1030,9 @@ class Lock:
                 await out[0].arelease()
             raise
 
-    async def __aexit__(
+    async def _aleave(
         self,
+        linked: tuple[Lease, _timeout.TimeoutScope] | None,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
@@ -844,7 +1040,7 @@ class Lock:
         # The release runs on the normal path and again, from scratch, if
         # an interrupt lands anywhere in it: every step is idempotent.
         try:
-            entry = self._top()
+            entry = linked or self._top()
             if entry is None:
                 raise RuntimeError(f"{self!r} was not entered here")  # noqa: TRY301
             lease, scope = entry
@@ -853,7 +1049,7 @@ class Lock:
             await lease.arelease()
             self._forget([lease])
         except BaseException:
-            entry = self._top()
+            entry = linked or self._top()
             if entry is not None:
                 try:
                     if entry[1]._state == "entered":  # noqa: SLF001
@@ -865,6 +1061,34 @@ class Lock:
                         self._forget([entry[0]])
             raise
         return _outcome(lease, exc, swallowed, lost)
+
+    async def _aexit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return await self._aleave(None, exc_type, exc, tb)
+
+    if TYPE_CHECKING:
+
+        def __exit__(
+            self,
+            exc_type: type[BaseException] | None,
+            exc: BaseException | None,
+            tb: TracebackType | None,
+        ) -> bool: ...
+
+        async def __aexit__(
+            self,
+            exc_type: type[BaseException] | None,
+            exc: BaseException | None,
+            tb: TracebackType | None,
+        ) -> bool: ...
+
+    else:
+        __exit__ = _Exits(is_async=False)
+        __aexit__ = _Exits(is_async=True)
 
     # -- as a decorator ----------------------------------------------------
 
