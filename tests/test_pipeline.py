@@ -546,4 +546,7 @@ class TestConcurrency:
         assert bh.acquired == totals["ok"] + totals["failed"]
         assert bh.acquired == bh.released
         cb = get_breaker(name).statistics()
-        assert cb.rejected == totals["open"]
+        # A rejection is not an attempt: retry outwaits an open breaker
+        # (here 1 ms) and tries again, so a rejection reaches the caller
+        # only when that is not allowed; never more than the breaker made.
+        assert totals["open"] <= cb.rejected
