@@ -572,10 +572,15 @@ class TestRelease:
     ) -> None:
         """A block cancelled from outside still releases its lease (the
         release is shielded)."""
-        with anyio.move_on_after(0.05):
-            async with resilient.lock("job", backend=url):
+        with anyio.move_on_after(0.05) as scope:
+            async with resilient.lock("job", backend=url) as lease:
                 await anyio.sleep(30)
+        assert scope.cancelled_caught
+        assert not lease.held
         no_leftovers(url)
+        again = resilient.lock("job", backend=url, blocking=False)
+        async with again as second:
+            assert second.token > lease.token
 
 
 class TestTelemetry:

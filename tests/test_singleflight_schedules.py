@@ -75,7 +75,9 @@ def _living(backend: str) -> int:
     return len(asyncio.all_tasks())
 
 
-async def _run_schedule(schedule: Schedule, backend: str) -> None:
+async def _run_schedule(
+    schedule: Schedule, backend: str
+) -> resilient.SingleFlightStatistics:
     group = resilient.SingleFlight()
     step = 0
     produced: list[object] = []  # Every value returned, error raised.
@@ -146,6 +148,7 @@ async def _run_schedule(schedule: Schedule, backend: str) -> None:
             assert any(got is p for p in produced), (i, got)
         else:
             assert got == "cancelled" or any(got is p for p in produced)
+    return s
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
@@ -160,7 +163,9 @@ def test_random_cancellations_leave_nothing_behind(
     key, an execution is cancelled only when its last caller left, and at
     the end no map entry, waiter or task remains.
     """
-    anyio.run(_run_schedule, schedule, backend, backend=backend)
+    stats = anyio.run(_run_schedule, schedule, backend, backend=backend)
+    assert (stats.in_flight, stats.running, stats.waiting) == (0, 0, 0)
+    assert stats.executions >= 1
 
 
 def test_thirty_two_threads_with_random_deadlines() -> None:
