@@ -38,10 +38,14 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 import secrets
 from typing import TYPE_CHECKING, Final, Protocol, final
 
 import attrs
+
+from resilient._core._clock import remaining
+from resilient.exceptions import ConfigError
 
 
 if TYPE_CHECKING:
@@ -318,3 +322,38 @@ def no_watch(key: LockKey, notify: Callable[[], None]) -> Callable[[], None]:  #
 
 def _nothing() -> None:
     """The unsubscribe of `no_watch`."""
+
+
+# What the server backends (Redis, PostgreSQL) share: how a ttl is sent,
+# how a URL's timeout is read, and how long one call may take.
+
+MIN_LIMIT: Final = 0.25
+"""The shortest time limit a ttl gives a call, in seconds."""
+
+
+def ttl_ms(ttl: float) -> int:
+    """*ttl* seconds in whole milliseconds, rounded up, at least 1."""
+    return max(1, math.ceil(round(ttl * 1000.0, 6)))
+
+
+def url_seconds(value: str) -> float:
+    """A lock URL's ``timeout=`` option, in seconds (> 0, finite)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (0 < seconds < math.inf):
+        raise ConfigError(
+            "lock URL timeout", value[:32], "must be seconds > 0"
+        )
+    return seconds
+
+
+def call_limit(cap: float, timeout: float) -> float:
+    """
+    How long one call to a store may take: the enclosing deadline, the
+    store's *timeout*, and *cap* (a lease's ttl: a reply later than that is
+    of no use, as the holder would count it invalid), but never less than
+    `MIN_LIMIT` for a tiny ttl, so it cannot starve the round trip.
+    """
+    return max(min(remaining(), max(cap, MIN_LIMIT), timeout), 0.0)

@@ -68,10 +68,12 @@ from resilient._backends._base import (
     Busy,
     Grant,
     ReleaseResult,
+    call_limit,
     no_watch,
+    ttl_ms,
+    url_seconds,
 )
 from resilient._backends._threaded import ThreadedAsyncBackend
-from resilient._core._clock import remaining
 from resilient.exceptions import ConfigError, LockBackendError
 
 
@@ -102,9 +104,6 @@ EXTRA: Final = "postgres"
 
 #: Leases renewed by one statement.
 MAX_RENEW_BATCH: Final = 500
-
-#: The shortest time limit a ttl gives a call, in seconds.
-MIN_LIMIT: Final = 0.25
 
 #: The default time limit of one call, in seconds (URL: ``timeout=``).
 DEFAULT_TIMEOUT: Final = 2.0
@@ -194,11 +193,6 @@ _WaitTimeout: type[BaseException] = getattr(
 )
 
 
-def ttl_ms(ttl: float) -> int:
-    """*ttl* seconds in whole milliseconds, rounded up, at least 1."""
-    return max(1, math.ceil(round(ttl * 1000.0, 6)))
-
-
 @final
 @attrs.frozen
 class Options:
@@ -230,7 +224,7 @@ def parse_url(url: str) -> Options:
                 )
             table = tuple(p for p in match.groups() if p)
         elif name == "timeout":
-            timeout = _seconds(value)
+            timeout = url_seconds(value)
         else:
             rest.append((name, value))
     scheme = "postgresql" if parts.scheme.lower() == "postgres" else None
@@ -239,18 +233,6 @@ def parse_url(url: str) -> Options:
         scheme=scheme or parts.scheme,
     ).geturl()
     return Options(driver, table, timeout)
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (0 < seconds < math.inf):
-        raise ConfigError(
-            "lock URL timeout", value[:32], "must be seconds > 0"
-        )
-    return seconds
 
 
 @final
@@ -294,10 +276,7 @@ class Statements:
         self._release = render(_RELEASE)
 
     def limit(self, cap: float) -> float:
-        # A reply later than the lease's ttl is of no use (the holder would
-        # count it invalid), but a tiny ttl must not starve the round trip.
-        cap = max(cap, MIN_LIMIT)
-        return max(min(remaining(), cap, self.timeout), 0.0)
+        return call_limit(cap, self.timeout)
 
     def acquire(self, key: LockKey, owner: OwnerToken, ttl: float) -> Query:
         params = {"key": key.digest, "owner": owner.secret, "ms": ttl_ms(ttl)}

@@ -69,10 +69,12 @@ from resilient._backends._base import (
     Busy,
     Grant,
     ReleaseResult,
+    call_limit,
     no_watch,
+    ttl_ms,
+    url_seconds,
 )
 from resilient._backends._threaded import ThreadedAsyncBackend
-from resilient._core._clock import remaining
 from resilient.exceptions import ConfigError, LockBackendError
 
 
@@ -105,9 +107,6 @@ TOMBSTONE_MS: Final = 1000
 
 #: Leases renewed by one script (one round trip).
 MAX_RENEW_BATCH: Final = 100
-
-#: The shortest time limit a ttl gives a call, in seconds.
-MIN_LIMIT: Final = 0.25
 
 #: The default time limit of one call, in seconds (URL: ``timeout=``).
 DEFAULT_TIMEOUT: Final = 2.0
@@ -222,11 +221,6 @@ class Command:
         return f"Command({self.script!r}, {len(self.keys)} keys)"
 
 
-def ttl_ms(ttl: float) -> int:
-    """*ttl* seconds in whole milliseconds, rounded up, at least 1."""
-    return max(1, math.ceil(round(ttl * 1000.0, 6)))
-
-
 @final
 @attrs.frozen
 class Options:
@@ -257,25 +251,13 @@ def parse_url(url: str) -> Options:
                 )
             namespace = value
         elif name == "timeout":
-            timeout = _seconds(value)
+            timeout = url_seconds(value)
         else:
             rest.append((name, value))
     driver = parts._replace(
         query=urllib.parse.urlencode(rest, quote_via=urllib.parse.quote)
     ).geturl()
     return Options(driver, namespace, timeout)
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not (0 < seconds < math.inf):
-        raise ConfigError(
-            "lock URL timeout", value[:32], "must be seconds > 0"
-        )
-    return seconds
 
 
 @final
@@ -293,10 +275,7 @@ class Commands:
         return f"{self.namespace}:lock:{{{key.hex}}}"
 
     def _limit(self, cap: float) -> float:
-        # A reply later than the lease's ttl is of no use (the holder would
-        # count it invalid), but a tiny ttl must not starve the round trip.
-        cap = max(cap, MIN_LIMIT)
-        return max(min(remaining(), cap, self.timeout), 0.0)
+        return call_limit(cap, self.timeout)
 
     def acquire(self, key: LockKey, owner: OwnerToken, ttl: float) -> Command:
         return Command(
