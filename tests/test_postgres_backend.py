@@ -500,8 +500,6 @@ def test_small_cases(shell: Shell, postgres_url: str, table: str) -> None:
 class TestPostgresContract(BackendContract):
     """``postgresql://``: the contract every backend keeps."""
 
-    watches = False  # waiters look again on their backoff
-
     @pytest.fixture
     def lock_backend_url(self, postgres_url: str) -> str:
         return with_query(postgres_url, table=f"c{uuid.uuid4().hex}")

@@ -661,8 +661,6 @@ def test_small_cases(shell: Shell, redis_url: str, namespace: str) -> None:
 class TestRedisContract(BackendContract):
     """``redis://``: the contract every backend keeps."""
 
-    watches = False  # waiters look again on their backoff
-
     @pytest.fixture
     def lock_backend_url(self, redis_url: str) -> str:
         return with_query(redis_url, namespace=f"c{uuid.uuid4().hex}")

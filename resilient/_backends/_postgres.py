@@ -69,11 +69,12 @@ from resilient._backends._base import (
     Grant,
     ReleaseResult,
     call_limit,
-    no_watch,
     ttl_ms,
     url_seconds,
 )
+from resilient._backends._postgres_watch import PostgresHub, channel_of
 from resilient._backends._threaded import ThreadedAsyncBackend
+from resilient._backends._watch import WatchHub, hub_for
 from resilient.exceptions import ConfigError, LockBackendError
 
 
@@ -162,10 +163,13 @@ WHERE l.key = r.key AND l.owner = r.owner
 RETURNING r.i"""
 
 _RELEASE = """\
-UPDATE {table} SET owner = NULL, expires_at = clock_timestamp()
-WHERE key = %(key)s AND owner = %(owner)s
-    AND expires_at > clock_timestamp()
-RETURNING 1"""
+WITH freed AS (
+    UPDATE {table} SET owner = NULL, expires_at = clock_timestamp()
+    WHERE key = %(key)s AND owner = %(owner)s
+        AND expires_at > clock_timestamp()
+    RETURNING key
+)
+SELECT pg_notify('{channel}', encode(key, 'hex')) FROM freed"""
 
 _SWEEP = """\
 WITH gone AS (
@@ -257,6 +261,7 @@ class Statements:
         "_acquire",
         "_release",
         "_renew",
+        "channel",
         "create",
         "sweep",
         "timeout",
@@ -265,8 +270,12 @@ class Statements:
     def __init__(self, table: tuple[str, ...], timeout: float) -> None:
         ident = psycopg.sql.Identifier(*table).as_string(None)
 
+        self.channel = channel_of(table)
+
         def render(text: str) -> bytes:
-            return text.format(table=ident, after=SWEEP_AFTER).encode()
+            return text.format(
+                table=ident, after=SWEEP_AFTER, channel=self.channel
+            ).encode()
 
         self.timeout = timeout
         self.create = render(CREATE_TABLE)
@@ -418,6 +427,7 @@ class PostgresBackend:
     def __init__(self, options: Options) -> None:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
+        self._hub, self._unhub = _hub(options, self._sql.channel)
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._next_sweep = time.monotonic() + SWEEP_EVERY
@@ -552,9 +562,10 @@ class PostgresBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return no_watch(key, notify)
+        return self._hub.watch(key.hex, notify)
 
     def close(self) -> None:
+        self._unhub()
         with self._lock:
             self._closed = True
             _close_all(self._idle)
@@ -570,6 +581,7 @@ class AsyncPostgresBackend:
     def __init__(self, options: Options) -> None:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
+        self._hub, self._unhub = _hub(options, self._sql.channel)
         self._idle: list[_AsyncConnection] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
@@ -670,9 +682,10 @@ class AsyncPostgresBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return no_watch(key, notify)
+        return self._hub.watch(key.hex, notify)
 
     async def aclose(self) -> None:
+        self._unhub()
         self._closed = True
         idle, self._idle = self._idle, []
         with anyio.CancelScope(shield=True):
@@ -683,6 +696,17 @@ class AsyncPostgresBackend:
 #: The advisory lock key that serialises the creation of lease tables
 #: (two sessions running CREATE TABLE IF NOT EXISTS at once can collide).
 _CREATE_LOCK: Final = 0x7265_7369_6C6F_636B  # b"resilock"
+
+
+def _hub(
+    options: Options, channel: str
+) -> tuple[WatchHub, Callable[[], None]]:
+    """The process's wake-up hub of the table *options* name (shared by its
+    sync and async backends), and the release a backend calls at close."""
+    return hub_for(
+        ("postgresql", options.driver_url, channel),
+        lambda: PostgresHub(options.driver_url, channel, options.timeout),
+    )
 
 
 def sync_backend(url: str) -> LockBackend:

@@ -70,11 +70,12 @@ from resilient._backends._base import (
     Grant,
     ReleaseResult,
     call_limit,
-    no_watch,
     ttl_ms,
     url_seconds,
 )
+from resilient._backends._redis_watch import RedisHub
 from resilient._backends._threaded import ThreadedAsyncBackend
+from resilient._backends._watch import WatchHub, hub_for
 from resilient.exceptions import ConfigError, LockBackendError
 
 
@@ -139,7 +140,7 @@ return {1, fence}
 _RENEW = """\
 local out = {}
 for i, key in ipairs(KEYS) do
-  if redis.call('HGET', key, 'o') == ARGV[2 * i - 1] then
+  if redis.pcall('HGET', key, 'o') == ARGV[2 * i - 1] then
     redis.call('PEXPIRE', key, ARGV[2 * i])
     out[i] = 1
   else
@@ -149,12 +150,13 @@ end
 return out
 """
 
-# KEYS[1] the lease hash; ARGV[1] owner, ARGV[2] tombstone ms.
-# -> 1 released, 0 not ours.
+# KEYS[1] the lease hash; ARGV[1] owner, ARGV[2] tombstone ms, ARGV[3]
+# the lock's wake-up channel. -> 1 released (and waiters told), 0 not ours.
 _RELEASE = """\
-if redis.call('HGET', KEYS[1], 'o') == ARGV[1] then
+if redis.pcall('HGET', KEYS[1], 'o') == ARGV[1] then
   redis.call('HDEL', KEYS[1], 'o')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PUBLISH', ARGV[3], '')
   return 1
 end
 return 0
@@ -274,6 +276,10 @@ class Commands:
         """The Redis key of a lock's lease hash."""
         return f"{self.namespace}:lock:{{{key.hex}}}"
 
+    def channel(self, key: LockKey) -> str:
+        """The channel a release of the lock publishes on (its hash tag)."""
+        return f"{self.namespace}:free:{{{key.hex}}}"
+
     def _limit(self, cap: float) -> float:
         return call_limit(cap, self.timeout)
 
@@ -319,7 +325,7 @@ class Commands:
         return Command(
             RELEASE,
             (self.key(key),),
-            (owner.hex, TOMBSTONE_MS),
+            (owner.hex, TOMBSTONE_MS, self.channel(key)),
             self._limit(math.inf),
         )
 
@@ -393,6 +399,7 @@ class RedisBackend:
         self._pool: redis.ConnectionPool = redis.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
+        self._hub, self._unhub = _hub(options)
 
     def __repr__(self) -> str:
         return f"RedisBackend(namespace={self._commands.namespace!r})"
@@ -445,9 +452,10 @@ class RedisBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return no_watch(key, notify)
+        return self._hub.watch(self._commands.channel(key), notify)
 
     def close(self) -> None:
+        self._unhub()
         self._pool.disconnect()
 
 
@@ -464,6 +472,7 @@ class AsyncRedisBackend:
         self._pool: Any = redis.asyncio.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
+        self._hub, self._unhub = _hub(options)
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend(namespace={self._commands.namespace!r})"
@@ -517,10 +526,20 @@ class AsyncRedisBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return no_watch(key, notify)
+        return self._hub.watch(self._commands.channel(key), notify)
 
     async def aclose(self) -> None:
+        self._unhub()
         await self._pool.disconnect()
+
+
+def _hub(options: Options) -> tuple[WatchHub, Callable[[], None]]:
+    """The process's wake-up hub of the store *options* name (shared by its
+    sync and async backends), and the release a backend calls at close."""
+    return hub_for(
+        ("redis", options.driver_url),
+        lambda: RedisHub(options.driver_url, options.timeout),
+    )
 
 
 def sync_backend(url: str) -> LockBackend:
