@@ -34,7 +34,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_locks import handover, quantile  # noqa: E402
-
 from tests import services  # noqa: E402
 
 
@@ -63,7 +62,10 @@ def main() -> None:
             purl = pg.url
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"load average {load}; source {ROOT}")
-        print(f"{'store, procs x hold':24} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'n':>6}")
+        print(
+            f"{'store, procs x hold':24} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'max ms':>8} {'n':>6}"
+        )
         cases = [
             (f"{name} {procs}x{hold:g}ms", url, procs, hold)
             for procs, hold in ((4, 1.0), (2, 50.0))

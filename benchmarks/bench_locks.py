@@ -146,7 +146,7 @@ def _contender(
     Path(out).write_text("\n".join(f"{a} {b} {pid}" for a, b in times))
 
 
-def handover(  # noqa: PLR0913, PLR0917
+def handover(  # noqa: PLR0917
     kind: str,
     directory: Path,
     procs: int,

@@ -21,9 +21,10 @@ import anyio
 import pytest
 
 import resilient
-from resilient.exceptions import LockLost, LockNotAcquired
+from resilient.exceptions import LockBackendError, LockLost, LockNotAcquired
 from tests import lockcheck
 from tests.faultproxy import FaultProxy
+from tests.service_fixtures import Services
 from tests.services import PostgresServer, RedisServer
 
 
@@ -345,3 +346,165 @@ def test_reply_after_validity_is_not_a_grant(
         proxy.latency = 0.0
         time.sleep(TTL)
         assert not _held_elsewhere("late", url)
+
+
+# Configuration errors end the acquire at once --------------------------------
+#
+# A store's error that trying again cannot cure (RELIABILITY test 11:
+# WRONGTYPE and NOAUTH never retried; a missing privilege, a refused login)
+# raises LockBackendError from the acquire at once, naming the store's
+# scheme and host, never its password nor the owner token, and writes
+# nothing. Each lock here would otherwise wait 3 s.
+
+WAIT = 3.0
+AT_ONCE = 1.0  # well under WAIT, with slack for a loaded machine
+
+
+def _acquire_with(lock: resilient.Lock, colour: str) -> None:
+    """Acquire (and release) *lock* from a thread or an async task."""
+    if colour == "sync":
+        with lock:
+            return
+
+    async def main() -> None:
+        async with lock:
+            return
+
+    anyio.run(main, backend=colour)
+
+
+def _fails_at_once(
+    lock: resilient.Lock, colour: str, reason: str, where: str
+) -> LockBackendError:
+    start = time.monotonic()
+    with pytest.raises(LockBackendError) as info:
+        _acquire_with(lock, colour)
+    took = time.monotonic() - start
+    error = info.value
+    assert (error.reason, error.retryable) == (reason, False)
+    assert took < AT_ONCE, f"gave up after {took:.2f} s"
+    assert error.where == where
+    assert where in str(error)
+    return error
+
+
+@pytest.fixture(params=["sync", "asyncio", "trio"])
+def colour(request: pytest.FixtureRequest) -> str:
+    """Sync code, asyncio and trio."""
+    return str(request.param)
+
+
+@pytest.mark.redis
+def test_redis_wrongtype_fails_at_once_and_writes_nothing(
+    redis_server: RedisServer, colour: str
+) -> None:
+    """A lease key overwritten with a string: acquire raises WRONGTYPE at
+    once (not LockNotAcquired after the wait); the string is left as it
+    was."""
+    import redis
+
+    from resilient._backends import LockKey
+
+    client = redis.Redis.from_url(redis_server.url)
+    key = f"resilient:lock:{{{LockKey.of('typed').hex}}}"
+    client.set(key, "someone else's")
+    lock = resilient.lock("typed", backend=redis_server.url, timeout=WAIT)
+    _fails_at_once(lock, colour, "WRONGTYPE", f"127.0.0.1:{redis_server.port}")
+    assert client.get(key) == b"someone else's"
+    client.close()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("password", [None, "not-the-password"])
+def test_redis_refused_login_fails_at_once(
+    test_services: Services, colour: str, password: str | None
+) -> None:
+    """A server that wants a password, given none or a wrong one: acquire
+    raises NOAUTH at once, and the message never shows the password."""
+    server = test_services.redis(extra=("--requirepass", "sesame"))
+    try:
+        auth = f":{password}@" if password else ""
+        url = f"redis://{auth}127.0.0.1:{server.port}/0"
+        lock = resilient.lock("login", backend=url, timeout=WAIT)
+        error = _fails_at_once(
+            lock, colour, "NOAUTH", f"127.0.0.1:{server.port}"
+        )
+        assert "not-the-password" not in str(error)
+        assert "sesame" not in str(error)
+    finally:
+        test_services.release(server)
+
+
+@pytest.mark.postgres
+def test_postgres_missing_privilege_fails_at_once(
+    postgres_url: str, colour: str
+) -> None:
+    """A role without rights on the lease table (42501): acquire raises at
+    once, and the URL's password is not in the message."""
+    import uuid
+
+    import psycopg
+
+    from tests.service_fixtures import with_query
+
+    table = f"denied_{uuid.uuid4().hex[:12]}"
+    role = f"r_{table}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(
+            f"CREATE TABLE {table} (key bytea PRIMARY KEY, owner bytea, "
+            "fence bigint NOT NULL, expires_at timestamptz NOT NULL)"
+        )
+    url = with_query(
+        postgres_url.replace("postgres@", f"{role}:hunter2@", 1), table=table
+    )
+    lock = resilient.lock("denied", backend=url, timeout=WAIT)
+    port = postgres_url.rsplit(":", 1)[1].split("/")[0]
+    error = _fails_at_once(lock, colour, "42501", f"127.0.0.1:{port}")
+    assert "hunter2" not in str(error)
+    with psycopg.connect(postgres_url) as admin:
+        count = admin.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608
+    assert count == (0,)
+
+
+@pytest.mark.postgres
+def test_postgres_unknown_role_fails_at_once(
+    postgres_url: str, colour: str
+) -> None:
+    """A login the server refuses (28000): acquire raises at once."""
+    url = postgres_url.replace("postgres@", "nobody_here:pw1234@", 1)
+    lock = resilient.lock("nobody", backend=url, timeout=WAIT)
+    port = postgres_url.rsplit(":", 1)[1].split("/")[0]
+    error = _fails_at_once(lock, colour, "28000", f"127.0.0.1:{port}")
+    assert "pw1234" not in str(error)
+
+
+@pytest.mark.redis
+def test_a_key_overwritten_mid_lease_is_lost_at_the_next_renewal(
+    redis_server: RedisServer,
+) -> None:
+    """A held lease's key overwritten with a string: the holder gets
+    LockLost at its next renewal (the renewal reads "not ours"), not only
+    when its validity runs out after retrying a WRONGTYPE error; a lease
+    of another name held alongside is kept."""
+    import redis
+
+    from resilient._backends import LockKey
+
+    ttl, renew = 1.5, 0.5
+    client = redis.Redis.from_url(redis_server.url)
+    url = f"{redis_server.url}?timeout=0.5"
+    a = resilient.lock("batch-a", backend=url, ttl=ttl, renew_interval=renew)
+    b = resilient.lock("batch-b", backend=url, ttl=ttl, renew_interval=renew)
+    with b as kept, pytest.raises(LockLost), a as lost:
+        client.set(f"resilient:lock:{{{LockKey.of('batch-a').hex}}}", "x")
+        overwritten = time.monotonic()
+        with pytest.raises(LockLost):
+            while True:
+                lost.checkpoint()
+                time.sleep(0.005)
+        # The next renewal, not the end of the validity (ttl = 1.5 s).
+        assert time.monotonic() - overwritten <= renew + 0.3
+        kept.checkpoint()
+        assert kept.held
+    client.close()

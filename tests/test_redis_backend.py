@@ -326,6 +326,24 @@ def test_wrongtype_is_not_retryable(
     _expect(shell, "WRONGTYPE", retryable=False, owner=OwnerToken())
 
 
+def test_a_key_of_another_type_fails_no_other_lease_of_the_batch(
+    own_server: tuple[Shell, redis.Redis],
+) -> None:
+    """One lease key of a renewal batch overwritten with a string: that
+    lease reads as gone (False), the others of the batch are renewed; its
+    release says NOT_HELD and leaves the string alone."""
+    shell, client = own_server
+    owner = OwnerToken()
+    keys = [LockKey.of(f"batch-{i}") for i in range(3)]
+    for key in keys:
+        assert isinstance(shell.acquire(key, owner, 5.0), Grant)
+    client.set(f"resilient:lock:{{{keys[1].hex}}}", "not a hash")
+    renewed = shell.renew([Renewal(k, owner, 5.0) for k in keys])
+    assert list(renewed) == [True, False, True]
+    assert shell.release(keys[1], owner) is ReleaseResult.NOT_HELD
+    assert client.get(f"resilient:lock:{{{keys[1].hex}}}") == b"not a hash"
+
+
 def test_readonly_replica_is_retryable(
     own_server: tuple[Shell, redis.Redis], redis_server: RedisServer
 ) -> None:

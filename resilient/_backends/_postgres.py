@@ -69,8 +69,11 @@ from resilient._backends._base import (
     Grant,
     ReleaseResult,
     call_limit,
+    hide,
     ttl_ms,
     url_seconds,
+    url_secrets,
+    url_where,
 )
 from resilient._backends._postgres_watch import PostgresHub, channel_of
 from resilient._backends._threaded import ThreadedAsyncBackend
@@ -205,6 +208,8 @@ class Options:
     driver_url: str
     table: tuple[str, ...]
     timeout: float
+    where: str
+    secrets: tuple[str, ...] = ()
 
 
 def parse_url(url: str) -> Options:
@@ -236,7 +241,7 @@ def parse_url(url: str) -> Options:
         query=urllib.parse.urlencode(rest, quote_via=urllib.parse.quote),
         scheme=scheme or parts.scheme,
     ).geturl()
-    return Options(driver, table, timeout)
+    return Options(driver, table, timeout, url_where(url), url_secrets(url))
 
 
 @final
@@ -326,7 +331,9 @@ class Statements:
         return ReleaseResult.RELEASED if rows else ReleaseResult.NOT_HELD
 
 
-def backend_error(exc: BaseException, query: Query | None) -> LockBackendError:
+def backend_error(
+    exc: BaseException, query: Query | None, store: Options | None = None
+) -> LockBackendError:
     """The documented error for a psycopg exception."""
     state: str | None = None
     if isinstance(exc, _WaitTimeout | TimeoutError):
@@ -343,10 +350,18 @@ def backend_error(exc: BaseException, query: Query | None) -> LockBackendError:
     message = message[:200]
     for secret in query.secrets if query else ():
         message = message.replace(secret, "(secret)")
+    if store is not None:
+        message = hide(message, store.secrets)
     retryable = reason in _RETRYABLE_STATES or (
         state is not None and state[:2] in _RETRYABLE_STATES
     )
-    return LockBackendError("postgresql", reason, message, retryable=retryable)
+    return LockBackendError(
+        "postgresql",
+        reason,
+        message,
+        retryable=retryable,
+        where=store.where if store else None,
+    )
 
 
 # A refused connection carries no SQLSTATE, only libpq's text.
@@ -497,7 +512,7 @@ class PostgresBackend:
                 self._create(query.limit)
                 return self._run_once(query)
         except (psycopg.Error, OSError, _WaitTimeout) as exc:
-            raise backend_error(exc, query) from exc
+            raise backend_error(exc, query, self._options) from exc
 
     def _run_once(self, query: Query) -> list[tuple[Any, ...]]:
         deadline = time.monotonic() + query.limit
@@ -616,7 +631,7 @@ class AsyncPostgresBackend:
                 await self._create(query.limit)
                 return await self._run_once(query)
         except (psycopg.Error, OSError, _WaitTimeout) as exc:
-            raise backend_error(exc, query) from exc
+            raise backend_error(exc, query, self._options) from exc
 
     async def _run_once(self, query: Query) -> list[tuple[Any, ...]]:
         deadline = time.monotonic() + query.limit

@@ -67,4 +67,6 @@ class PostgresHub(WatchHub):
                 self.drain()
                 for note in conn.notifies(timeout=0.0):
                     self.tell(note.payload)
-                select.select([conn.fileno(), self.wake_fd()], [], [], IDLE_CHECK)
+                select.select(
+                    [conn.fileno(), self.wake_fd()], [], [], IDLE_CHECK
+                )

@@ -70,8 +70,11 @@ from resilient._backends._base import (
     Grant,
     ReleaseResult,
     call_limit,
+    hide,
     ttl_ms,
     url_seconds,
+    url_secrets,
+    url_where,
 )
 from resilient._backends._redis_watch import RedisHub
 from resilient._backends._threaded import ThreadedAsyncBackend
@@ -231,6 +234,8 @@ class Options:
     driver_url: str
     namespace: str
     timeout: float
+    where: str
+    secrets: tuple[str, ...] = ()
 
 
 def parse_url(url: str) -> Options:
@@ -259,7 +264,9 @@ def parse_url(url: str) -> Options:
     driver = parts._replace(
         query=urllib.parse.urlencode(rest, quote_via=urllib.parse.quote)
     ).geturl()
-    return Options(driver, namespace, timeout)
+    return Options(
+        driver, namespace, timeout, url_where(url), url_secrets(url)
+    )
 
 
 @final
@@ -334,7 +341,9 @@ class Commands:
         return ReleaseResult.RELEASED if reply == 1 else ReleaseResult.NOT_HELD
 
 
-def backend_error(exc: BaseException, command: Command) -> LockBackendError:
+def backend_error(
+    exc: BaseException, command: Command, store: Options | None = None
+) -> LockBackendError:
     """The documented error for a redis-py exception (or an OSError)."""
     if isinstance(exc, rx.AuthenticationError | rx.AuthorizationError):
         code = "NOAUTH"
@@ -357,17 +366,24 @@ def backend_error(exc: BaseException, command: Command) -> LockBackendError:
         # Defensive: an error text never carries an owner token.
         if isinstance(arg, str) and len(arg) >= 32:
             message = message.replace(arg, "(secret)")
+    if store is not None:
+        message = hide(message, store.secrets)
     return LockBackendError(
-        "redis", code, message, retryable=code in _RETRYABLE
+        "redis",
+        code,
+        message,
+        retryable=code in _RETRYABLE,
+        where=store.where if store else None,
     )
 
 
-def _timed_out(command: Command) -> LockBackendError:
+def _timed_out(command: Command, where: str) -> LockBackendError:
     return LockBackendError(
         "redis",
         "timeout",
         f"no reply within {command.limit:.3f} s",
         retryable=True,
+        where=where,
     )
 
 
@@ -400,24 +416,25 @@ class RedisBackend:
             options.driver_url, **kwargs
         )
         self._hub, self._unhub = _hub(options)
+        self._options = options
 
     def __repr__(self) -> str:
         return f"RedisBackend(namespace={self._commands.namespace!r})"
 
     def _run(self, command: Command) -> Any:
         if command.limit <= 0:
-            raise _timed_out(command)
+            raise _timed_out(command, self._options.where)
         _bound_handshake(self._pool, command.limit)
         try:
             conn: Any = self._pool.get_connection()
         except (rx.RedisError, OSError) as exc:
-            raise backend_error(exc, command) from exc
+            raise backend_error(exc, command, self._options) from exc
         done = False
         try:
             reply = self._call(conn, command)
             done = True
         except (rx.RedisError, OSError) as exc:
-            raise backend_error(exc, command) from exc
+            raise backend_error(exc, command, self._options) from exc
         finally:
             if not done:
                 conn.disconnect()
@@ -473,13 +490,14 @@ class AsyncRedisBackend:
             options.driver_url, **kwargs
         )
         self._hub, self._unhub = _hub(options)
+        self._options = options
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend(namespace={self._commands.namespace!r})"
 
     async def _run(self, command: Command) -> Any:
         if command.limit <= 0:
-            raise _timed_out(command)
+            raise _timed_out(command, self._options.where)
         conn: Any = None
         done = False
         _bound_handshake(self._pool, command.limit)
@@ -489,7 +507,7 @@ class AsyncRedisBackend:
                 reply = await self._call(conn, command)
             done = True
         except (rx.RedisError, OSError) as exc:
-            raise backend_error(exc, command) from exc
+            raise backend_error(exc, command, self._options) from exc
         finally:
             if conn is not None:
                 with anyio.CancelScope(shield=True):

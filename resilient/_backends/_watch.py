@@ -242,5 +242,3 @@ def hub_for(
             hub.close()
 
     return hub, release
-
-
