@@ -9,6 +9,7 @@ throwaway ones, never a shared one.
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -54,19 +55,64 @@ def backend_url(
         yield str(request.getfixturevalue("postgres_lock_url"))
 
 
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def pausable_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[str, Callable[[], Callable[[], None]]]:
+    """
+    A lock URL on each backend that spans processes, on a store of this
+    test's own, and how to pause it: SIGSTOP the throwaway server, or hold
+    the embedded store's database in an exclusive transaction.
+    """
+    if request.param == "sqlite":
+        path = tmp_path / "locks.sqlite3"
+
+        def hold_database() -> Callable[[], None]:
+            db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+            db.execute("BEGIN EXCLUSIVE")
+
+            def resume() -> None:
+                db.execute("COMMIT")
+                db.close()
+
+            return resume
+
+        return f"sqlite:///{path}", hold_database
+    server: RedisServer | PostgresServer = request.getfixturevalue(
+        "redis_server" if request.param == "redis" else "postgres_server"
+    )
+
+    def freeze_server() -> Callable[[], None]:
+        server.pause()
+        return server.resume
+
+    return f"{server.url}?timeout=0.5", freeze_server
+
+
 def test_fenced_lock_checker(
-    backend_url: str, request: pytest.FixtureRequest
+    pausable_store: tuple[str, Callable[[], Callable[[], None]]],
+    request: pytest.FixtureRequest,
 ) -> None:
     """
     RELIABILITY test 1: 8 processes, 2,000 grants, holders frozen past
-    their TTL at random. No two grants share a token, no accepted write
+    their TTL at random, and the store itself frozen for a TTL at one
+    holder freeze in ten. No two grants share a token, no accepted write
     lands inside another holder's accepted section, no unfrozen holder is
     overlapped, at least one stale write is refused, and every holder
     frozen past its TTL gets LockLost within a renewal interval + 100 ms of
     running again.
     """
+    url, pause = pausable_store
     settings = lockcheck.Settings(
-        url=backend_url, name=f"lockcheck-{request.node.callspec.id}"
+        url=url,
+        name=f"lockcheck-{request.node.callspec.id}",
+        pause_backend=pause,
     )
     report = lockcheck.run(settings)
     print(report)  # noqa: T201 - the figures, for the log
@@ -74,6 +120,7 @@ def test_fenced_lock_checker(
     assert report.grants >= settings.grants
     assert report.stale >= 1
     assert report.holder_pauses >= 1
+    assert report.backend_pauses >= 1
     assert report.lost_seen == report.holder_pauses
 
 
