@@ -9,6 +9,8 @@ throwaway ones, never a shared one.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+import time_machine
 
 import resilient
 from resilient.exceptions import LockBackendError, LockLost, LockNotAcquired
@@ -555,3 +558,56 @@ def test_a_key_overwritten_mid_lease_is_lost_at_the_next_renewal(
         kept.checkpoint()
         assert kept.held
     client.close()
+
+
+# Wall-clock jumps in the client (RELIABILITY test 7) ------------------------
+
+
+@pytest.mark.parametrize(
+    "jump",
+    [
+        dt.timedelta(hours=1),
+        dt.timedelta(hours=-1),
+        dt.timedelta(days=1),
+        dt.timedelta(days=-1),
+    ],
+    ids=["+1h", "-1h", "+1d", "-1d"],
+)
+def test_wall_clock_jumps_change_nothing(
+    backend_url: str, jump: dt.timedelta, request: pytest.FixtureRequest
+) -> None:
+    """
+    The client's wall clock jumps (time-machine) while a lease is held and
+    while another caller waits for it: the lease stays held and renewed
+    for three TTLs past the jump (no LockLost, a rival refused all along),
+    the waiter gives up when its own wait ends by the monotonic clock
+    (neither at once nor never), and the next grant's token is higher.
+    """
+    name = f"jump-{request.node.callspec.id}"
+    lock = resilient.lock(name, backend=backend_url, ttl=TTL)
+    waiter = resilient.lock(name, backend=backend_url, ttl=TTL, timeout=0.4)
+    waited: list[float] = []
+
+    def wait_for_it() -> None:
+        start = time.monotonic()
+        with contextlib.suppress(LockNotAcquired):
+            waiter.acquire().release()
+        waited.append(time.monotonic() - start)
+
+    with time_machine.travel(dt.datetime.now(dt.UTC), tick=True) as clock:
+        with lock as lease:
+            thread = threading.Thread(target=wait_for_it)
+            thread.start()
+            time.sleep(0.05)
+            clock.shift(jump)
+            for _ in range(int(3 * TTL / 0.02)):
+                lease.checkpoint()
+                time.sleep(0.02)
+            assert _held_elsewhere(name, backend_url)
+            assert lease.held
+            thread.join(10)
+        held = lease.token
+        with lock as again:
+            assert again.token > held
+    assert len(waited) == 1
+    assert 0.35 <= waited[0] <= 0.4 + TTL + 1.0
