@@ -276,24 +276,9 @@ def run(settings: Settings) -> Report:
             holder = resource.holder
             if holder is None:
                 continue
-            pid = holder[0]
-            os.kill(pid, signal.SIGSTOP)
-            stopped = time.monotonic()
-            frozen = settings.ttl * rng.uniform(*settings.pause_ttls)
-            if (
-                settings.pause_backend is not None
-                and len(pauses) % settings.backend_every == 2  # noqa: PLR2004
-            ):
-                resume = settings.pause_backend()
-                try:
-                    time.sleep(settings.ttl)
-                finally:
-                    resume()
-                report.backend_pauses += 1
-                frozen -= time.monotonic() - stopped
-            time.sleep(max(frozen, 0.0))
-            os.kill(pid, signal.SIGCONT)
-            pauses.append((pid, stopped, time.monotonic(), True))
+            pauses.append(
+                _freeze(settings, holder[0], rng, len(pauses), report)
+            )
     finally:
         stopfile.touch()
         for p in procs:
@@ -315,6 +300,37 @@ def run(settings: Settings) -> Report:
             report.problems.append(f"worker {p.pid} left no results")
     _check(settings, resource, results, pauses, report)
     return report
+
+
+def _freeze(
+    settings: Settings,
+    pid: int,
+    rng: random.Random,
+    count: int,
+    report: Report,
+) -> tuple[int, float, float, bool]:
+    """
+    Freeze the holder *pid* for 1.2 to 3 TTLs; at one freeze in
+    `Settings.backend_every` (the third, the thirteenth...), freeze the
+    store too, for one TTL from the same moment.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    frozen = settings.ttl * rng.uniform(*settings.pause_ttls)
+    if (
+        settings.pause_backend is not None
+        and count % settings.backend_every == 2
+    ):
+        resume = settings.pause_backend()
+        try:
+            time.sleep(settings.ttl)
+        finally:
+            resume()
+        report.backend_pauses += 1
+        frozen -= time.monotonic() - stopped
+    time.sleep(max(frozen, 0.0))
+    os.kill(pid, signal.SIGCONT)
+    return (pid, stopped, time.monotonic(), True)
 
 
 def _check(  # noqa: PLR0912 - one pass per property

@@ -509,7 +509,7 @@ def test_postgres_missing_privilege_fails_at_once(
         postgres_url.replace("postgres@", f"{role}:hunter2@", 1), table=table
     )
     lock = resilient.lock("denied", backend=url, timeout=WAIT)
-    port = postgres_url.rsplit(":", 1)[1].split("/")[0]
+    port = postgres_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
     error = _fails_at_once(lock, colour, "42501", f"127.0.0.1:{port}")
     assert "hunter2" not in str(error)
     with psycopg.connect(postgres_url) as admin:
@@ -524,7 +524,7 @@ def test_postgres_unknown_role_fails_at_once(
     """A login the server refuses (28000): acquire raises at once."""
     url = postgres_url.replace("postgres@", "nobody_here:pw1234@", 1)
     lock = resilient.lock("nobody", backend=url, timeout=WAIT)
-    port = postgres_url.rsplit(":", 1)[1].split("/")[0]
+    port = postgres_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
     error = _fails_at_once(lock, colour, "28000", f"127.0.0.1:{port}")
     assert "pw1234" not in str(error)
 
