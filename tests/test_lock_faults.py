@@ -325,6 +325,15 @@ def _held_elsewhere(name: str, url: str) -> bool:
 # Lost and late replies through the proxy -------------------------------------
 
 
+def _proxied(kind: str, proxy: FaultProxy, timeout: float) -> str:
+    """The lock URL of a server of *kind* reached through *proxy*."""
+    if kind == "redis":
+        return proxy.url("redis", f"/0?timeout={timeout}")
+    return proxy.url(
+        "postgresql", f"/postgres?user=postgres&timeout={timeout}"
+    )
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -341,14 +350,8 @@ def test_lost_reply_to_a_grant_is_recognised(
     lease at once, instead of waiting out the 5 s TTL; others find it held.
     """
     _, server = _server_url(request, kind)
-    scheme = "redis" if kind == "redis" else "postgresql"
-    path = (
-        "/0?timeout=0.5"
-        if kind == "redis"
-        else "/postgres?user=postgres&timeout=0.5"
-    )
     with FaultProxy(server.port) as proxy:
-        url = proxy.url(scheme, path)
+        url = _proxied(kind, proxy, 0.5)
         warm = resilient.lock("warm", backend=url, ttl=1.0)
         with warm:
             pass
@@ -379,14 +382,8 @@ def test_reply_after_validity_is_not_a_grant(
     the lock is free again within a TTL.
     """
     _, server = _server_url(request, kind)
-    scheme = "redis" if kind == "redis" else "postgresql"
-    path = (
-        "/0?timeout=2"
-        if kind == "redis"
-        else "/postgres?user=postgres&timeout=2"
-    )
     with FaultProxy(server.port) as proxy:
-        url = proxy.url(scheme, path)
+        url = _proxied(kind, proxy, 2)
         with resilient.lock("warm", backend=url, ttl=1.0):
             pass
         proxy.latency = 0.2  # each way
@@ -436,12 +433,6 @@ def _fails_at_once(
     assert error.where == where
     assert where in str(error)
     return error
-
-
-@pytest.fixture(params=["sync", "asyncio", "trio"])
-def colour(request: pytest.FixtureRequest) -> str:
-    """Sync code, asyncio and trio."""
-    return str(request.param)
 
 
 @pytest.mark.redis

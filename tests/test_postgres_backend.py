@@ -32,12 +32,6 @@ from tests.services import PostgresServer
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture(params=["sync", "asyncio", "trio"])
-def colour(request: pytest.FixtureRequest) -> str:
-    """Each scenario on the sync twin and on the async twin (two loops)."""
-    return str(request.param)
-
-
 @pytest.fixture
 def table(request: pytest.FixtureRequest) -> str:
     """A lease table of this run and test."""

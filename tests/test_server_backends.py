@@ -45,12 +45,6 @@ KINDS = [
 ]
 
 
-@pytest.fixture(params=["sync", "asyncio", "trio"])
-def colour(request: pytest.FixtureRequest) -> str:
-    """Each scenario on the sync twin and on the async twin (two loops)."""
-    return str(request.param)
-
-
 @pytest.fixture(params=KINDS)
 def kind(request: pytest.FixtureRequest) -> str:
     """Each scenario on Redis and on PostgreSQL."""
