@@ -33,6 +33,11 @@ so, plus the floor: no counter per name forever. (Deleting at release would
 make every release update the floor row, which would serialise the
 releases of all locks on one row lock.)
 
+**Wake-ups.** The release statement calls ``pg_notify`` on the table's
+channel with the key in hex; `watch` is served by the process's one
+``LISTEN`` session per table (`resilient._backends._postgres_watch`). An
+expiry notifies nothing.
+
 **Errors** map to `LockBackendError` by SQLSTATE: connection failures
 (class 08), shutdowns (57P01-57P03), resources (53), serialisation and
 deadlocks (40), lock waits (55P03), a cancelled statement (57014) and a

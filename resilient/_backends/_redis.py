@@ -32,11 +32,19 @@ the acquire script itself:
 So storage is one small hash per held (or just released) name, and no
 counter per name is kept forever (redisson#6510).
 
+**Wake-ups.** The release script publishes on the lock's channel
+``<namespace>:free:{<hex>}`` (same hash tag); `watch` subscribes to it
+through the process's one subscribed connection per server
+(`resilient._backends._redis_watch`). An expiry publishes nothing.
+
 **Errors** map to `LockBackendError`: ``OOM``, ``READONLY``, ``LOADING``,
 ``BUSY``, ``TRYAGAIN``, ``MASTERDOWN``, ``CLUSTERDOWN``, connection errors and
 timeouts are retryable; ``WRONGTYPE``, ``NOAUTH``, ``WRONGPASS``, ``NOPERM``
-and other ``ERR`` replies are not. ``NOSCRIPT`` (after ``SCRIPT FLUSH`` or a
-restart) is handled here: the script is sent again in full, once.
+and other ``ERR`` replies are not (the lock raises them from an acquire at
+once). A lease key of another type is "not ours" to renew and release
+(``pcall``), so it fails no other lease of a renewal batch. ``NOSCRIPT``
+(after ``SCRIPT FLUSH`` or a restart) is handled here: the script is sent
+again in full, once.
 
 **Time limits.** Every call is bounded by the enclosing deadline
 (`resilient.remaining()`), by the lease's ttl for acquire and renew (a reply
