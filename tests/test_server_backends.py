@@ -582,3 +582,49 @@ def _split_scope(url: str) -> tuple[str, str]:
     base, _, query = url.rpartition("?")
     _, _, scope = query.partition("=")
     return base, scope
+
+
+@pytest.mark.parametrize("kind_", ["redis", "postgresql"])
+def test_a_hub_without_its_server_keeps_trying_and_closes(kind_: str) -> None:
+    """
+    A wake-up hub whose server refuses connections never blocks or fails
+    its watchers: its thread tries again on a backoff, and closing the
+    last backend of the store ends it (twice is harmless).
+    """
+    from tests.services import free_port
+
+    scheme = "redis" if kind_ == "redis" else "postgresql"
+    url = f"{scheme}://127.0.0.1:{free_port()}/0?timeout=0.2"
+    module = {"redis": _redis, "postgresql": _postgres}[kind_]
+    backend = module.sync_backend(url)
+    hub = backend._hub
+    start = time.monotonic()
+    stop = backend.watch(LockKey.of("nobody"), lambda: None)
+    assert time.monotonic() - start < 0.1  # watch never blocks
+    time.sleep(0.3)  # a few refused connections, with backoff
+    thread = hub._thread
+    assert thread is not None
+    assert thread.is_alive()
+    stop()
+    backend.close()
+    backend.close()
+    thread.join(5.0)
+    assert not thread.is_alive()
+
+
+def test_where_a_store_is_names_no_secret() -> None:
+    """A store's place in messages is its host and port only: no user,
+    password, path or query; IPv6 in brackets; a URL without a host, or
+    one that cannot be read, says so; passwords are cut from text."""
+    from resilient._backends._base import hide, url_secrets, url_where
+
+    assert url_where("redis://u:pw@10.0.0.5:6379/0?x=1") == "10.0.0.5:6379"
+    assert url_where("postgresql://db.internal/app") == "db.internal"
+    assert url_where("redis://[::1]:7000/0") == "[::1]:7000"
+    assert url_where("postgresql:///app?host=/run/pg") == "(default host)"
+    assert url_where("redis://h:notaport/0") == "(unreadable host)"
+    assert url_secrets("redis://h/0") == ()
+    assert url_secrets("redis://h:notaport/0") == ()
+    secrets = url_secrets("redis://:p%40ss@h/0")
+    assert set(secrets) == {"p%40ss", "p@ss"}
+    assert hide("bad p@ss and p%40ss", secrets) == "bad (secret) and (secret)"
