@@ -602,3 +602,46 @@ def test_wall_clock_jumps_change_nothing(
             assert again.token > held
     assert len(waited) == 1
     assert 0.35 <= waited[0] <= 0.4 + TTL + 1.0
+
+
+@pytest.mark.redis
+def test_redis_retryable_replies_are_retried_within_the_wait(
+    redis_server: RedisServer,
+) -> None:
+    """
+    RELIABILITY test 11 at lock level: a replica's READONLY is retried
+    (within the wait, then LockNotAcquired "unavailable", nothing granted);
+    a release refused by READONLY reports UNKNOWN and leaves the lease held
+    on the server (never "released"); once the server takes writes again
+    the same lease releases.
+    """
+    import redis
+
+    from resilient import ReleaseResult
+    from resilient._backends import LockKey
+
+    client = redis.Redis.from_url(redis_server.url)
+    url = f"{redis_server.url}?timeout=0.5"
+    held = resilient.lock("readonly-held", backend=url, ttl=5.0)
+    lease = held.acquire()
+    client.execute_command("REPLICAOF", "127.0.0.1", "1")
+    try:
+        other = resilient.lock("readonly-new", backend=url, timeout=0.5)
+        start = time.monotonic()
+        with pytest.raises(LockNotAcquired) as info:
+            other.acquire()
+        assert info.value.reason == "unavailable"
+        assert time.monotonic() - start >= 0.45  # retried, not given up
+        assert isinstance(info.value.__cause__, LockBackendError)
+        assert info.value.__cause__.reason == "READONLY"
+        assert lease.release() is ReleaseResult.UNKNOWN
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    key = f"resilient:lock:{{{LockKey.of('readonly-held').hex}}}"
+    assert client.hget(key, "o") is not None  # still held on the server
+    assert (
+        client.exists(f"resilient:lock:{{{LockKey.of('readonly-new').hex}}}")
+        == 0
+    )
+    assert lease.release() is ReleaseResult.RELEASED
+    client.close()
