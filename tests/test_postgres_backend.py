@@ -67,8 +67,8 @@ def test_sweep_folds_fences_into_the_floor(
     same statement, so a swept name's next grant counts up from the floor
     even when the floor is ahead of the server's clock.
     """
-    monkeypatch.setattr(_postgres, "SWEEP_AFTER", "0 seconds")
-    monkeypatch.setattr(_postgres, "SWEEP_EVERY", 0.0)
+    monkeypatch.setattr(_postgres._statements, "SWEEP_AFTER", "0 seconds")
+    monkeypatch.setattr(_postgres._io, "SWEEP_EVERY", 0.0)
     connects = []
     for cls in (_postgres._Connection, _postgres._AsyncConnection):
         original = cls.connect

@@ -93,7 +93,7 @@ def test_storage_is_bounded(
     One hash per lock, nothing else: after 300 names were taken and
     released, their keys are gone once the tombstones expire.
     """
-    monkeypatch.setattr(_redis, "TOMBSTONE_MS", 30)
+    monkeypatch.setattr(_redis._commands, "TOMBSTONE_MS", 30)
     for i in range(300):
         key, owner = LockKey.of(f"name-{i}"), OwnerToken()
         assert isinstance(shell.acquire(key, owner, 10.0), Grant)

@@ -560,9 +560,9 @@ class TestServerContract(BackendContract):
         # Released leases leave something for a moment (Redis: the fence
         # tombstone; PostgreSQL: the free row, until the sweep): shortened
         # here, so the count is of the store once it settles.
-        monkeypatch.setattr(_redis, "TOMBSTONE_MS", 10)
-        monkeypatch.setattr(_postgres, "SWEEP_AFTER", "0 seconds")
-        monkeypatch.setattr(_postgres, "SWEEP_EVERY", 0.0)
+        monkeypatch.setattr(_redis._commands, "TOMBSTONE_MS", 10)
+        monkeypatch.setattr(_postgres._statements, "SWEEP_AFTER", "0 seconds")
+        monkeypatch.setattr(_postgres._io, "SWEEP_EVERY", 0.0)
         opened: list[Store] = []
 
         def count(url: str) -> int:
