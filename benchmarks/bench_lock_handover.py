@@ -4,7 +4,8 @@ Hand-over to a waiting process on Redis and PostgreSQL.
 Four processes contend for one lock (``with resilient.lock(...)``), each
 holding it ~1 ms (and, second, two processes holding it 50 ms each and
 resting 50 ms after each release, so every hand-over goes to a process
-that has waited 50 ms); the latency from one holder's release to the acquire of
+that has waited 50 ms; third, the same with 300 ms, where a polling
+waiter's backoff has grown); the latency from one holder's release to the acquire of
 the next holder in another process (p50, p99, max, on the shared
 CLOCK_MONOTONIC), as in the embedded hand-over of ``bench_locks.py``. A
 waiter is woken by the store's release notice (Redis pub/sub, PostgreSQL
@@ -68,13 +69,15 @@ def main() -> None:
         )
         cases = [
             (f"{name} {procs}x{hold:g}ms", url, procs, hold)
-            for procs, hold in ((4, 1.0), (2, 50.0))
+            for procs, hold in ((4, 1.0), (2, 50.0), (2, 300.0))
             for name, url in (("redis", rurl), ("postgresql", purl))
         ]
         for name, url, procs, hold in cases:
             gaps: list[float] = []
             medians = []
             holds = args.holds if hold < 10 else max(args.holds // 4, 5)
+            if hold > 100:
+                holds = max(args.holds // 10, 5)
             for _ in range(args.rounds):
                 with tempfile.TemporaryDirectory() as tmp:
                     got = handover(
