@@ -335,16 +335,18 @@ def test_killed_and_restarted_server(
         first = shell.acquire(key, owner, 30.0)
         assert isinstance(first, Grant)
         fault_server.kill()
-        for call in (
-            lambda: shell.renew([Renewal(key, owner, 30.0)]),
-            lambda: shell.release(key, owner),
-            lambda: shell.acquire(key, owner, 1.0),
-        ):
-            with pytest.raises(LockBackendError) as info:
-                call()
-            assert info.value.retryable
-            assert info.value.where == f"127.0.0.1:{fault_server.port}"
-        fault_server.start()
+        try:
+            for call in (
+                lambda: shell.renew([Renewal(key, owner, 30.0)]),
+                lambda: shell.release(key, owner),
+                lambda: shell.acquire(key, owner, 1.0),
+            ):
+                with pytest.raises(LockBackendError) as info:
+                    call()
+                assert info.value.retryable
+                assert info.value.where == f"127.0.0.1:{fault_server.port}"
+        finally:
+            fault_server.start()  # the module's other tests need it
         after: Grant | Busy | None = None
         for _ in range(5):  # the pool's dead connections fail once each
             try:
