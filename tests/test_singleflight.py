@@ -25,6 +25,7 @@ import anyio.lowlevel
 import pytest
 
 import resilient
+from resilient._singleflight import _async
 from resilient._singleflight._machine import (
     ABORTED,
     RUNNING,
@@ -255,9 +256,9 @@ class TestMachine:
         """The first ticket for a key leads; later ones join its flight."""
         m = GroupMachine()
         a, b, c = (Ticket(ThreadWaiter()) for _ in range(3))
-        assert m.join("k", a, is_async=False) is True
-        assert m.join("k", b, is_async=False) is False
-        assert m.join("other", c, is_async=False) is True
+        assert m.join("k", a, is_async=False).owner is a
+        assert m.join("k", b, is_async=False).owner is a
+        assert m.join("other", c, is_async=False).owner is c
         assert a.flight is b.flight is not c.flight
         assert a.flight is not None
         assert a.flight.joined == 1
@@ -902,7 +903,7 @@ async def test_an_execution_aborted_before_it_started_never_runs(
 
     flight = Flight("k", 1, Ticket(ThreadWaiter()), is_async=True)
     group._machine.finish(flight, ABORTED)
-    await group._run(flight, work, (), {})
+    await _async._run(group, flight, work, (), {})
     assert runs == []
 
 
@@ -1036,7 +1037,7 @@ def _bind(
 
 def test_the_default_key_is_documented() -> None:
     """``(args, sorted kwargs)``: a group shared by hand can forget it."""
-    from resilient._singleflight._group import default_key
+    from resilient._singleflight._decorator import default_key
 
     assert default_key((1,), {"b": 2, "a": 1}) == ((1,), (("a", 1), ("b", 2)))
     assert default_key((), {}) == ((), ())
