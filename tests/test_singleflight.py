@@ -1344,3 +1344,105 @@ def test_a_restarted_caller_has_one_span_with_a_restart_event(
     assert [e.name for e in again.events] == ["resilient.singleflight.restart"]
     assert again.attributes["resilient.singleflight.role"] == "leader"
     assert again.attributes["resilient.singleflight.flight"] == 2
+
+
+# -- metrics -----------------------------------------------------------------
+
+
+def _points(telemetry: Telemetry, name: str) -> list[Any]:
+    """The data points of metric *name* (none if it was never recorded)."""
+    data = telemetry.reader.get_metrics_data()
+    if data is None:  # pragma: no cover - nothing recorded at all
+        return []
+    return [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+def test_metrics_count_executions_joins_and_sharing(
+    callers: Callers, telemetry: Telemetry
+) -> None:
+    """
+    One execution shared by four callers: executions 1, joined 3, and one
+    `callers` histogram point of 4, each labelled with the group's name.
+    """
+    group = resilient.SingleFlight(name="users")
+    work = callers.work()
+    call = group_caller(callers, group, "k", work)
+    futures = [callers.start(call)]
+    waiting(group, 1)
+    futures += callers.many(3, call)
+    waiting(group, 4)
+    work.latch.open()
+    for f in futures:
+        f.result(10)
+    wait_until(
+        lambda: len(_points(telemetry, "resilient.singleflight.callers")) == 1
+    )
+    metrics = telemetry.metrics()
+    assert metrics["resilient.singleflight.executions"] == 1
+    assert metrics["resilient.singleflight.joined"] == 3
+    assert "resilient.singleflight.abandoned" not in metrics
+    (shared,) = _points(telemetry, "resilient.singleflight.callers")
+    assert (shared.count, shared.sum) == (1, 4)
+    for name in ("executions", "joined", "callers"):
+        for point in _points(telemetry, f"resilient.singleflight.{name}"):
+            assert dict(point.attributes) == {
+                "resilient.singleflight": "users"
+            }
+    quiet(group)
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "trio"])
+def test_an_abandoned_execution_is_counted(
+    kind: str, telemetry: Telemetry
+) -> None:
+    """The last caller leaving an async execution counts one abandoned."""
+    group = resilient.SingleFlight(name="gone")
+    callers = Callers(kind)
+    work = callers.work()
+    try:
+        futures = callers.many(2, group_caller(callers, group, "k", work))
+        waiting(group, 2)
+        for f in futures:
+            f.cancel()
+        wait_until(lambda: work.cancelled == 1)
+    finally:
+        callers.close()
+    metrics = telemetry.metrics()
+    assert metrics["resilient.singleflight.abandoned"] == 1
+    assert metrics["resilient.singleflight.executions"] == 1
+    quiet(group)
+
+
+def test_metrics_without_a_tracer_provider(driver: Any) -> None:
+    """A meter provider and no tracer provider: the metrics are recorded."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    resilient.configure_telemetry(meter_provider=provider)
+    try:
+        fn = resilient.singleflight(name="alone")(driver.fn(lambda: 5))
+        assert driver.run(fn) == 5
+        data = reader.get_metrics_data()
+    finally:
+        resilient.configure_telemetry()
+        provider.shutdown()
+    assert data is not None
+    names = {
+        m.name
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert {
+        "resilient.singleflight.executions",
+        "resilient.singleflight.callers",
+    } <= names
