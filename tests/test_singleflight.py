@@ -25,7 +25,7 @@ import anyio.lowlevel
 import pytest
 
 import resilient
-from resilient._singleflight import _async
+from resilient._singleflight import _async, _common
 from resilient._singleflight._machine import (
     ABORTED,
     RUNNING,
@@ -907,6 +907,42 @@ async def test_an_execution_aborted_before_it_started_never_runs(
     assert runs == []
 
 
+async def test_an_execution_abandoned_before_it_started_never_runs(
+    anyio_backend: str,
+) -> None:
+    """
+    When the last caller leaves before the execution's task got to run
+    (nothing to cancel yet), the flight is abandoned and out of the map,
+    and the task, once it runs, does not run the work.
+    """
+    group = resilient.SingleFlight()
+    m = group._machine
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(1)
+
+    ticket = Ticket()
+    flight = m.join("k", ticket, is_async=True)
+    flight.spawned = True  # Started, not yet run: `cancel` is still None.
+    _common.leave(m, ticket, None)
+    assert flight.abandoned
+    assert m.flights == {}
+    await _async._run(group, flight, work, (), {})
+    assert runs == []
+    assert group.statistics().abandoned == 1
+
+
+async def test_a_gate_opened_already_lets_a_late_waiter_through(
+    anyio_backend: str,
+) -> None:
+    """A task that waits on a gate after it was woken does not block."""
+    gate = _async.LoopGate(*_async._library())
+    gate.wake()
+    with anyio.fail_after(1):
+        await gate.waiting()
+
+
 async def test_no_task_is_left_behind(anyio_backend: str) -> None:
     """After an execution, cancelled or not, no task of ours remains."""
     group = resilient.SingleFlight()
@@ -1224,6 +1260,21 @@ def test_statistics_and_repr() -> None:
 # -- telemetry ---------------------------------------------------------------
 
 
+def one_leader_three_followers(
+    callers: Callers, group: resilient.SingleFlight, key: object
+) -> None:
+    """One caller leads, three join once it runs; all get its result."""
+    work = callers.work()
+    call = group_caller(callers, group, key, work)
+    futures = [callers.start(call)]
+    waiting(group, 1)
+    futures += callers.many(3, call)
+    waiting(group, 4)
+    work.latch.open()
+    for f in futures:
+        assert f.result(10) is work.results[0]
+
+
 def test_spans_say_who_led_and_how_many_joined(
     callers: Callers, telemetry: Telemetry
 ) -> None:
@@ -1232,15 +1283,7 @@ def test_spans_say_who_led_and_how_many_joined(
     the leader's says how many joined, followers link to it.
     """
     group = resilient.SingleFlight(name="users")
-    work = callers.work()
-    call = group_caller(callers, group, "secret-key", work)
-    futures = [callers.start(call)]
-    waiting(group, 1)
-    futures += callers.many(3, call)
-    waiting(group, 4)
-    work.latch.open()
-    for f in futures:
-        f.result(10)
+    one_leader_three_followers(callers, group, "secret-key")
     wait_until(lambda: len(telemetry.spans()) == 4)
     spans = telemetry.spans()
     roles = sorted(s.attributes["resilient.singleflight.role"] for s in spans)
@@ -1372,15 +1415,7 @@ def test_metrics_count_executions_joins_and_sharing(
     `callers` histogram point of 4, each labelled with the group's name.
     """
     group = resilient.SingleFlight(name="users")
-    work = callers.work()
-    call = group_caller(callers, group, "k", work)
-    futures = [callers.start(call)]
-    waiting(group, 1)
-    futures += callers.many(3, call)
-    waiting(group, 4)
-    work.latch.open()
-    for f in futures:
-        f.result(10)
+    one_leader_three_followers(callers, group, "k")
     wait_until(
         lambda: len(_points(telemetry, "resilient.singleflight.callers")) == 1
     )
@@ -1446,3 +1481,31 @@ def test_metrics_without_a_tracer_provider(driver: Any) -> None:
         "resilient.singleflight.executions",
         "resilient.singleflight.callers",
     } <= names
+
+
+def test_spans_without_a_meter_provider(driver: Any) -> None:
+    """A tracer provider and no meter provider: the spans are made."""
+    t = Telemetry()
+    resilient.configure_telemetry(tracer_provider=t.tracer_provider)
+    try:
+        fn = resilient.singleflight(name="traced")(driver.fn(lambda: 6))
+        assert driver.run(fn) == 6
+    finally:
+        resilient.configure_telemetry()
+        t.tracer_provider.shutdown()
+        t.meter_provider.shutdown()
+    assert [s.name for s in t.spans()] == ["singleflight traced"]
+
+
+def test_the_first_call_looks_for_providers_and_finds_none() -> None:
+    """
+    Before the first look for configured providers, a call looks (and,
+    finding none, records nothing); afterwards telemetry is off.
+    """
+    from resilient._core._telemetry import TELEMETRY, disabled
+
+    resilient.configure_telemetry()
+    TELEMETRY.checked_env = False
+    assert not disabled()
+    assert resilient.SingleFlight().call("k", lambda: 7) == 7
+    assert disabled()
