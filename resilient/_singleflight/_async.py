@@ -8,11 +8,11 @@ execution. The task runs outside every caller's deadline and cancel scope
 (its context is the leader's, with those reset): what bounds it is its
 callers, each waiting up to its own deadline.
 
-The tasks of one event loop that wait for one flight share one `LoopGate`:
-one native event (an `asyncio.Event`, a `trio.Event`) that every one of
-them waits on, set once when the flight ends. A cancelled waiter leaves
-the event alone (each `wait` is its own), and nothing is made per caller
-but its `Ticket`.
+The tasks of one event loop that wait for one flight share one `LoopGate`,
+woken by one call (one hand-off from another thread) when the flight ends:
+on asyncio each task awaits a bare future of its own (a cancelled one
+cancels nothing else), on trio they all park on one `trio.Event`. Nothing
+else is made per caller but its `Ticket`.
 """
 
 from __future__ import annotations
