@@ -76,7 +76,7 @@ def test_thread_storm_leaves_nothing_behind() -> None:
         assert group.call("k", work) == 44850
 
     threads = threading.active_count()
-    result = storm(body, exceptions=1_000, threads=4, seed=1)
+    result = storm(body, exceptions=1_000, threads=4, seed=1, patience=5.0)
     result.check()
     assert result.iterations > 0
     assert group.statistics().joined > 0
@@ -127,7 +127,7 @@ def test_threads_and_tasks_sharing_a_key_under_a_storm(backend: str) -> None:
     with anyio.from_thread.start_blocking_portal(backend) as portal:
         before = portal.call(_tasks, backend)
         running = portal.start_task_soon(tasks, stop)
-        result = storm(body, exceptions=600, threads=2, seed=6)
+        result = storm(body, exceptions=600, threads=2, seed=6, patience=5.0)
         stop.set()
         running.result(30)
         after = portal.call(_settled, backend)
