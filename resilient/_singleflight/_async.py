@@ -235,7 +235,9 @@ async def _fly(
             else:
                 await _wait_until(group, flight, waiter, at)
         finally:
-            leave(m, ticket, rec)
+            ended = ticket.flight
+            if ended is not None and not ended.woken:
+                leave(m, ticket, rec)  # (A woken caller has nothing to undo.)
         if flight.state == VALUE:
             return flight.value  # type: ignore[no-any-return]
         outcome(flight, ticket, rec)  # Raises, or we start over.
