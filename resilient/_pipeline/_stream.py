@@ -38,7 +38,7 @@ closes it; a cancellation or an interrupt never.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 import anyio
 
@@ -460,28 +460,24 @@ class _PolicyStream:
             self._finish(_counted(exc))
 
 
-class _Hold:
+class _Hold(Protocol):
     """A standalone guard a stream holds: admit once, settle once."""
 
     def admit(self) -> Any:
         """Take the ticket (may wait in the thread)."""
-        raise NotImplementedError
 
     async def aadmit(self) -> Any:
         """Take the ticket (may wait as a task)."""
-        raise NotImplementedError
 
     def settle(self, ticket: Any, exc: BaseException | None) -> None:
         """Give the ticket back, counting *exc* (None: a success)."""
-        raise NotImplementedError
 
     async def asettle(self, ticket: Any, exc: BaseException | None) -> None:
         """`settle`, awaiting async listeners (only when calm)."""
-        self.settle(ticket, exc)
 
 
 @final
-class _BreakerHold(_Hold):
+class _BreakerHold:
     __slots__ = ("_cb",)
 
     def __init__(self, cb: CircuitBreaker) -> None:
@@ -509,7 +505,7 @@ class _BreakerHold(_Hold):
 
 
 @final
-class _BulkheadHold(_Hold):
+class _BulkheadHold:
     __slots__ = ("_bulkhead",)
 
     def __init__(self, bulkhead: Bulkhead) -> None:
@@ -522,6 +518,11 @@ class _BulkheadHold(_Hold):
         return await self._bulkhead.aacquire()
 
     def settle(
+        self, ticket: BulkheadPermit, exc: BaseException | None
+    ) -> None:
+        ticket.release()
+
+    async def asettle(
         self, ticket: BulkheadPermit, exc: BaseException | None
     ) -> None:
         ticket.release()
