@@ -14,6 +14,7 @@ async twin, which checkpoints before each step and passes ``asend`` and
 
 from __future__ import annotations
 
+import functools
 import gc
 import inspect
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
@@ -24,6 +25,7 @@ import anyio.lowlevel
 import pytest
 
 import resilient
+import resilient.testing
 from resilient.testing import FakeClock, use_clock
 
 
@@ -598,20 +600,74 @@ def test_return_value_and_yield_from_semantics() -> None:
     assert resilient.bulkhead("llm").statistics().in_use == 0
 
 
-def test_an_empty_stream_ends_at_once(runner: Runner) -> None:
+@pytest.mark.parametrize("standalone", [False, True])
+def test_an_empty_stream_ends_at_once(
+    runner: Runner, standalone: bool
+) -> None:
     """A stream with no items ends on its first ``next`` and counts as a
-    success, its slot given back."""
-    stream = _retrying(bulkhead=_bulkhead_config(), breaker=_breaker_config())(
-        runner.gen(Tally().body(items=0))
+    success, its slot given back (under a policy or a bulkhead)."""
+    guard = (
+        _by_bulkhead()
+        if standalone
+        else _retrying(bulkhead=_bulkhead_config(), breaker=_breaker_config())
     )
+    stream = guard(runner.gen(Tally().body(items=0)))
 
     def scenario(r: Runner) -> Scenario:
         with pytest.raises(Exhausted):
             yield r.next(stream())
 
     runner.run(scenario)
-    assert resilient.bulkhead("llm").statistics().in_use == 0
-    assert resilient.breaker("llm").statistics().calls == 1
+    bh = resilient.bulkhead("llm").statistics()
+    assert (bh.in_use, bh.acquired) == (0, 1)
+    if not standalone:
+        assert resilient.breaker("llm").statistics().calls == 1
+
+
+def test_a_refused_start_is_retried_as_the_policy_says(
+    runner: Runner,
+) -> None:
+    """A stream refused a slot is retried when *retry_on* names
+    `BulkheadFull`, and gives up after its attempts, leaving the slot to
+    the stream that holds it."""
+    tally = Tally()
+    policy = _retrying(
+        bulkhead=_bulkhead_config(),
+        retry_on=(resilient.BulkheadFull, ConnectionError),
+    )
+    stream = policy(runner.gen(tally.body()))
+
+    def scenario(r: Runner) -> Scenario:
+        held = stream()
+        yield r.next(held)
+        with pytest.raises(resilient.BulkheadFull) as info:
+            yield r.next(stream())
+        assert "3 attempts" in info.value.__notes__[0]
+        assert (yield r.drain(held)) == [1, 2]
+
+    runner.run(scenario)
+    stats = resilient.bulkhead("llm").statistics()
+    assert (stats.rejected, stats.in_use, tally.started) == (3, 0, 1)
+
+
+def test_streams_find_their_guards_again_after_a_reset(
+    runner: Runner,
+) -> None:
+    """After `resilient.testing.reset_registries`, a decorated stream takes
+    its slot from the bulkhead that now has the policy's name."""
+    stream = _by_policy()(runner.gen(Tally().body()))
+    before = resilient.bulkhead("llm")
+    resilient.testing.reset_registries()
+
+    def scenario(r: Runner) -> Scenario:
+        s = stream()
+        yield r.next(s)
+        assert resilient.bulkhead("llm").statistics().in_use == 1
+        yield r.close(s)
+
+    runner.run(scenario)
+    assert resilient.bulkhead("llm") is not before
+    assert before.statistics().acquired == 0
 
 
 def test_one_call_span_for_the_streams_life(
@@ -675,6 +731,24 @@ def test_budget_bounds_the_start_not_a_healthy_stream() -> None:
         assert list(stream()) == [0, 1, 2]
     assert seen[0] == 1.0
     assert seen[1:] == [float("inf")] * 2
+
+
+def test_an_enclosing_deadline_bounds_every_item() -> None:
+    """Each step of a stream sees the deadline enclosing its consumer when
+    it is earlier than the policy's timeout."""
+    clock = FakeClock()
+    seen = []
+
+    @_retrying(timeout=10.0)
+    def stream() -> Iterator[int]:
+        for i in range(3):
+            seen.append(resilient.remaining())
+            clock.advance(1.0)
+            yield i
+
+    with use_clock(clock), resilient.deadline(5.0):
+        assert list(stream()) == [0, 1, 2]
+    assert seen == [5.0, 4.0, 3.0]
 
 
 def test_timeout_bounds_each_item_cooperatively_in_sync_code() -> None:
@@ -750,6 +824,23 @@ def test_decorated_generator_functions_stay_generator_functions() -> None:
         assert inspect.isasyncgenfunction(guard(agen))
         assert inspect.signature(guard(gen)) == inspect.signature(gen)
         assert guard(agen).__name__ == "agen"
+
+
+def test_partials_and_callable_objects_are_streams_too() -> None:
+    """A partial of a generator function, or an object whose ``__call__``
+    is one, is guarded as a stream."""
+
+    class Tokens:
+        def __call__(self, n: int) -> Iterator[int]:
+            yield from range(n)
+
+    for fn in (Tokens(), functools.partial(Tokens().__call__)):
+        stream = _by_policy()(fn)
+        s = stream(2)
+        assert next(s) == 0
+        assert resilient.bulkhead("llm").statistics().in_use == 1
+        assert list(s) == [1]
+        assert resilient.bulkhead("llm").statistics().in_use == 0
 
 
 def test_policy_call_guards_a_generator_function(runner: Runner) -> None:
