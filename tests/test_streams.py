@@ -809,6 +809,36 @@ def test_timeout_cancels_a_stalled_item_in_async_code(backend: str) -> None:
     assert resilient.breaker("llm").statistics().failures == 2
 
 
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_enclosing_deadline_cancels_an_async_item(backend: str) -> None:
+    """In async code a later item is cancelled at the deadline enclosing its
+    consumer, as an attempt would be: `DeadlineExceeded`, with no note and
+    not counted by the breaker (the caller's deadline, not the
+    dependency)."""
+    policy = _retrying(breaker=_breaker_config())
+
+    @policy
+    async def stream() -> AsyncIterator[int]:
+        yield 0
+        await anyio.sleep(5)
+        yield 1  # pragma: no cover - cancelled first
+
+    async def main() -> BaseException:
+        s = stream()
+        assert await s.__anext__() == 0
+        with (
+            resilient.deadline(0.005),
+            pytest.raises(resilient.DeadlineExceeded) as info,
+        ):
+            await s.__anext__()
+        return info.value
+
+    exc = anyio.run(main, backend=backend)
+    assert not hasattr(exc, "__notes__")
+    stats = resilient.breaker("llm").statistics()
+    assert (stats.calls, stats.failures) == (0, 0)
+
+
 def test_decorated_generator_functions_stay_generator_functions() -> None:
     """A decorated generator function is still a generator function of its
     colour (frameworks check this) with its signature."""

@@ -389,11 +389,13 @@ class _PolicyStream:
     async def astep(
         self, method: Callable[..., Awaitable[Any]], *args: Any
     ) -> Any:
-        """`step`, cancelled at the item's deadline."""
-        at = self._deadline()
-        if at is None:
+        """`step`, cancelled at the item's deadline or the enclosing one
+        (as an attempt is)."""
+        own = self._deadline()
+        at = _DEADLINE.get() if own is None else own
+        if at == math.inf:
             return await method(*args)
-        token = _DEADLINE.set(at)
+        token = None if own is None else _DEADLINE.set(own)
         try:
             left = at - _clock._clock.now()  # noqa: SLF001
             with anyio.CancelScope(deadline=anyio.current_time() + left) as s:
@@ -401,7 +403,8 @@ class _PolicyStream:
             if s.cancelled_caught:  # pragma: no branch - caught, or returned
                 raise DeadlineExceeded(at, "stream item deadline")
         finally:
-            _DEADLINE.reset(token)
+            if token is not None:
+                _DEADLINE.reset(token)
 
     def _take(
         self, exc: BaseException | None
@@ -424,7 +427,11 @@ class _PolicyStream:
             policy.attempts is not None and call.attempt >= policy.attempts
         ):
             return
-        if own or call.machine.is_transient(exc):
+        if own or (
+            # The enclosing deadline passed: no retry could have helped.
+            not isinstance(exc, DeadlineExceeded)
+            and call.machine.is_transient(exc)
+        ):
             exc.add_note(
                 f"resilient: policy {policy.name!r} could not retry: the "
                 f"stream had delivered {self.delivered} item(s), and a "
