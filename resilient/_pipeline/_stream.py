@@ -37,6 +37,7 @@ closes it; a cancellation or an interrupt never.
 
 from __future__ import annotations
 
+import inspect
 import math
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
@@ -206,6 +207,22 @@ def _async_stream(
     return stream
 
 
+def _abandon(gen: Generator[Any, Any, Any], exc: BaseException) -> None:
+    """
+    An exception outside the flow (an interrupt or a cancellation between
+    two of its effects) while it is suspended: throw it in, so that the
+    flow undoes what it set (the deadline, spans, tickets) before it goes
+    on to the consumer.
+    """
+    if inspect.getgeneratorstate(gen) == inspect.GEN_CLOSED:
+        return  # The flow raised it: it is over and has cleaned up.
+    try:
+        gen.throw(exc)
+    except BaseException:  # noqa: BLE001 - raised by the caller
+        return
+    gen.close()  # pragma: no cover - only a fallback yields after an error
+
+
 def _counted(exc: BaseException | None) -> BaseException | None:
     """What a stream's end counts: a consumer's close is no failure."""
     return None if isinstance(exc, GeneratorExit) else exc
@@ -264,24 +281,28 @@ class _PolicyStream:
         call, gen = self._flow()
         sent: Any = None
         thrown: BaseException | None = None
-        while True:
-            try:
-                if thrown is None:
-                    op, arg = gen.send(sent)
-                else:
-                    op, arg = gen.throw(thrown)
-                    thrown = None
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            if op == RUN:
-                sent = self._first(call, fn, args, kwargs)
-            elif op == SETTLE and self._hold(arg):
-                sent = None
-            else:
+        try:
+            while True:
                 try:
-                    sent = perform(call, op, arg)
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    thrown = exc
+                    if thrown is None:
+                        op, arg = gen.send(sent)
+                    else:
+                        op, arg = gen.throw(thrown)
+                        thrown = None
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                if op == RUN:
+                    sent = self._first(call, fn, args, kwargs)
+                elif op == SETTLE and self._hold(arg):
+                    sent = None
+                else:
+                    try:
+                        sent = perform(call, op, arg)
+                    except BaseException as exc:  # noqa: BLE001 - the flow decides
+                        thrown = exc
+        except BaseException as exc:
+            _abandon(gen, exc)
+            raise
 
     async def astart(
         self, fn: Callable[..., Any], args: Any, kwargs: Any
@@ -291,24 +312,28 @@ class _PolicyStream:
         call, gen = self._flow()
         sent: Any = None
         thrown: BaseException | None = None
-        while True:
-            try:
-                if thrown is None:
-                    op, arg = gen.send(sent)
-                else:
-                    op, arg = gen.throw(thrown)
-                    thrown = None
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
-            if op == RUN:
-                sent = await self._afirst(call, arg, fn, args, kwargs)
-            elif op == SETTLE and self._hold(arg):
-                sent = None
-            else:
+        try:
+            while True:
                 try:
-                    sent = await aperform(call, op, arg)
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    thrown = exc
+                    if thrown is None:
+                        op, arg = gen.send(sent)
+                    else:
+                        op, arg = gen.throw(thrown)
+                        thrown = None
+                except StopIteration as stop:
+                    return stop.value  # type: ignore[no-any-return]
+                if op == RUN:
+                    sent = await self._afirst(call, arg, fn, args, kwargs)
+                elif op == SETTLE and self._hold(arg):
+                    sent = None
+                else:
+                    try:
+                        sent = await aperform(call, op, arg)
+                    except BaseException as exc:  # noqa: BLE001 - the flow decides
+                        thrown = exc
+        except BaseException as exc:
+            _abandon(gen, exc)
+            raise
 
     def _first(
         self, call: Call, fn: Callable[..., Any], args: Any, kwargs: Any
