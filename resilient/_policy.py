@@ -301,6 +301,8 @@ class Policy:
 
         For a call site that is not worth a decorator: ``payments.call(
         client.post, url, json=body)``. Same semantics as ``@policy``.
+        For a generator function (sync or async), returns its guarded
+        stream, as ``@policy`` would.
 
         Raises:
             TypeError: *fn* is async (use `acall`), or the policy has async
@@ -342,7 +344,8 @@ class Policy:
         The async twin of `call`: ``await payments.acall(client.post, url)``.
 
         Raises:
-            TypeError: ``fn(...)`` did not return an awaitable (use `call`).
+            TypeError: ``fn(...)`` did not return an awaitable (use `call`),
+                or *fn* is a generator function (iterate `call`'s stream).
 
         .. versionadded:: 26.11.0
         """
@@ -459,6 +462,11 @@ def retry(policy: Policy, /) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]:
 
     Works on sync and async functions (detected from the function), methods,
     class methods and static methods, and keeps their signatures.
+
+    A generator function or async generator function is a stream, guarded
+    from its first item to its end: retried only before its first item,
+    its breaker permit and bulkhead slot held until it ends (see the
+    Streams guide).
 
     Gives up by re-raising the last exception itself, with a note of the
     attempts, elapsed time and policy name; when attempts run out on a

@@ -941,3 +941,38 @@ def test_methods_and_static_methods_are_streams_too() -> None:
         next(Client.more())
     assert list(s) == ["b"]
     assert list(Client.more()) == ["c"]
+
+
+def test_async_hooks_refuse_a_sync_stream() -> None:
+    """A policy whose hooks are async refuses a sync generator function,
+    decorated or through `Policy.call`, as it refuses a sync function."""
+
+    async def hook(event: resilient.RetryEvent) -> None:
+        pass  # pragma: no cover - refused
+
+    policy = _retrying(before_sleep=hook)
+
+    def gen() -> Iterator[int]:
+        yield 1  # pragma: no cover - refused
+
+    with pytest.raises(resilient.ConfigTypeError, match="async"):
+        policy(gen)
+    with pytest.raises(resilient.ConfigTypeError, match="async"):
+        policy.call(gen)
+
+
+def test_no_note_when_no_attempt_was_left(runner: Runner) -> None:
+    """A stream that started on its last attempt gets no note: retry could
+    not have restarted it anyway."""
+    stream = resilient.Policy(name="llm", attempts=1)(
+        runner.gen(Tally().body(fail_after=1))
+    )
+
+    def scenario(r: Runner) -> Scenario:
+        s = stream()
+        yield r.next(s)
+        with pytest.raises(ConnectionError) as info:
+            yield r.next(s)
+        assert not hasattr(info.value, "__notes__")
+
+    runner.run(scenario)

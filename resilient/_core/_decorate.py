@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, cast
+from types import FunctionType, MethodType
+from typing import Any, Final, ParamSpec, TypeVar, cast
 
 
 P = ParamSpec("P")
@@ -56,12 +57,23 @@ def stream_kind(fn: object) -> str | None:
     """
     while isinstance(fn, functools.partial):
         fn = fn.func
-    for f in (fn, getattr(fn, "__call__", None)):  # noqa: B004
-        if inspect.isasyncgenfunction(f):
-            return "async"
-        if inspect.isgeneratorfunction(f):
-            return "sync"
+    if not isinstance(fn, FunctionType | MethodType):
+        # A callable object: what its ``__call__`` makes.
+        fn = getattr(fn, "__call__", None)  # noqa: B004
+        if not isinstance(fn, FunctionType | MethodType):
+            return None
+    # The code flags, read once: `Policy.call` asks on every call. (A
+    # method of something that is not a function has none.)
+    flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
+    if flags & _ASYNC_GENERATOR:
+        return "async"
+    if flags & _GENERATOR:
+        return "sync"
     return None
+
+
+_GENERATOR: Final = inspect.CO_GENERATOR
+_ASYNC_GENERATOR: Final = inspect.CO_ASYNC_GENERATOR
 
 
 def decorate(
