@@ -976,3 +976,31 @@ def test_no_note_when_no_attempt_was_left(runner: Runner) -> None:
         assert not hasattr(info.value, "__notes__")
 
     runner.run(scenario)
+
+
+def test_an_interrupt_between_the_flows_effects_leaves_nothing(
+    runner: Runner, telemetry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt that lands outside the flow while it is suspended (here,
+    as the first item is handed over) is thrown into the flow, which resets
+    the attempt's deadline, frees the slot and ends the spans."""
+    from resilient._pipeline._stream._policy import PolicyStream
+
+    def interrupted(self: object, call: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PolicyStream, "_started", interrupted)
+    stream = _retrying(bulkhead=_bulkhead_config(), timeout=5.0)(
+        runner.gen(Tally().body())
+    )
+
+    def scenario(r: Runner) -> Scenario:
+        with pytest.raises(KeyboardInterrupt):
+            yield r.next(stream())
+        assert resilient.remaining() == float("inf")
+        assert resilient.bulkhead("llm").statistics().in_use == 0
+
+    runner.run(scenario)
+    spans = telemetry.spans()
+    assert sorted(s.name for s in spans) == ["llm", "llm attempt"]
+    assert not any(s.status.is_ok for s in spans)
