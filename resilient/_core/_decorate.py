@@ -55,16 +55,18 @@ def stream_kind(fn: object) -> str | None:
     makes an async generator (generator functions, partials of them, and
     objects whose ``__call__`` is one), else None.
     """
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    if not isinstance(fn, FunctionType | MethodType):
-        # A callable object: what its ``__call__`` makes.
-        fn = getattr(fn, "__call__", None)  # noqa: B004
+    # A function's (or method's) code flags first: `Policy.call` asks on
+    # every call.
+    flags: int | None = getattr(
+        getattr(fn, "__code__", None), "co_flags", None
+    )
+    if flags is None:
+        while isinstance(fn, functools.partial):
+            fn = fn.func
         if not isinstance(fn, FunctionType | MethodType):
-            return None
-    # The code flags, read once: `Policy.call` asks on every call. (A
-    # method of something that is not a function has none.)
-    flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
+            # A callable object: what its ``__call__`` makes.
+            fn = getattr(fn, "__call__", None)  # noqa: B004
+        flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
     if flags & _ASYNC_GENERATOR:
         return "async"
     if flags & _GENERATOR:
