@@ -604,20 +604,28 @@ def test_return_value_and_yield_from_semantics() -> None:
 def test_an_empty_stream_ends_at_once(
     runner: Runner, standalone: bool
 ) -> None:
-    """A stream with no items ends on its first ``next`` and counts as a
-    success, its slot given back (under a policy or a bulkhead)."""
+    """A stream with no items runs holding its slot on its first ``next``,
+    ends there and counts as a success, its slot given back (under a
+    policy or a bulkhead)."""
     guard = (
         _by_bulkhead()
         if standalone
         else _retrying(bulkhead=_bulkhead_config(), breaker=_breaker_config())
     )
-    stream = guard(runner.gen(Tally().body(items=0)))
+    held = []
+
+    def body() -> Iterator[int]:
+        held.append(resilient.bulkhead("llm").statistics().in_use)
+        yield from ()
+
+    stream = guard(runner.gen(body))
 
     def scenario(r: Runner) -> Scenario:
         with pytest.raises(Exhausted):
             yield r.next(stream())
 
     runner.run(scenario)
+    assert held == [1]
     bh = resilient.bulkhead("llm").statistics()
     assert (bh.in_use, bh.acquired) == (0, 1)
     if not standalone:
