@@ -698,6 +698,7 @@ def test_one_call_span_for_the_streams_life(
     calls = [s for s in spans if s.name == "llm"]
     assert len(calls) == 1
     assert calls[0].attributes["resilient.attempts"] == 2
+    assert calls[0].attributes["resilient.stream.items"] == 3
     assert calls[0].status.is_ok
     attempts = [s for s in spans if s.name == "llm attempt"]
     assert all(s.parent.span_id == calls[0].context.span_id for s in attempts)
@@ -706,7 +707,8 @@ def test_one_call_span_for_the_streams_life(
 def test_the_call_span_records_a_mid_stream_error(
     runner: Runner, telemetry: Any
 ) -> None:
-    """An error after the first item ends the call span as an error."""
+    """An error after the first item ends the call span as an error, with
+    the number of items delivered."""
     stream = _retrying()(runner.gen(Tally().body(fail_after=1)))
 
     def scenario(r: Runner) -> Scenario:
@@ -718,6 +720,7 @@ def test_the_call_span_records_a_mid_stream_error(
     runner.run(scenario)
     (call,) = [s for s in telemetry.spans() if s.name == "llm"]
     assert not call.status.is_ok
+    assert call.attributes["resilient.stream.items"] == 1
     assert [e.name for e in call.events][-1] == "exception"
 
 

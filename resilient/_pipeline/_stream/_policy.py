@@ -262,9 +262,14 @@ class PolicyStream:
             )
 
     def _finish(self, error: BaseException | None) -> None:
-        """End the call's span (once)."""
+        """End the call's span (once), saying how many items it gave."""
         rec, self._rec = self._rec, None
         if rec is not None:
+            # The call span itself, as `Call.fell_back` reaches it:
+            # CallRecorder has no method for attributes of its own yet.
+            span = getattr(rec, "_span", None)
+            if span is not None:
+                span.set_attribute("resilient.stream.items", self.delivered)
             rec.ended(error, self._call.attempt)  # type: ignore[union-attr]
 
     def end(self, exc: BaseException | None) -> None:
