@@ -37,6 +37,9 @@ class Hold(Protocol):
 
 @final
 class BreakerHold:
+    """A breaker's permit, counted as the standalone decorator counts a
+    call (the breaker's `BreakerConfig.outcome`)."""
+
     __slots__ = ("_cb",)
 
     def __init__(self, cb: CircuitBreaker) -> None:
@@ -65,6 +68,8 @@ class BreakerHold:
 
 @final
 class BulkheadHold:
+    """A bulkhead's slot, waited for as the standalone decorator waits."""
+
     __slots__ = ("_bulkhead",)
 
     def __init__(self, bulkhead: Bulkhead) -> None:
