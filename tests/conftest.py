@@ -211,6 +211,7 @@ _STORM_FILES = frozenset(
         "test_lock_interrupts.py",
         "test_singleflight_schedules.py",
         "test_singleflight_storm.py",
+        "test_streams_storm.py",
     }
 )
 

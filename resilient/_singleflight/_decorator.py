@@ -5,7 +5,7 @@ own, or one it is given), keyed by a key function or by the arguments.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 from resilient._core._decorate import decorate
 from resilient._core._validate import check_name
@@ -79,9 +79,16 @@ def singleflight(
         ) -> Awaitable[Any]:
             return acall(flights, keyof(args, kwargs), f, args, kwargs)
 
-        return decorate(fn, sync_shell, async_shell)
+        return decorate(fn, sync_shell, async_shell, stream=_NO_STREAMS)
 
     return decorator
+
+
+_NO_STREAMS: Final = (
+    "singleflight cannot share a stream between callers (each item would "
+    "reach only one of them); share a function that collects it, such as "
+    "one returning `list(gen())`"
+)
 
 
 def _check_options(key: object, group: object, name: object) -> None:
