@@ -136,8 +136,10 @@ class LoopGate:
         self._set_yet = True
         self._futures = {}
         for fut in futures:
-            if not fut.done():
+            try:  # noqa: SIM105 - no context manager per waiter
                 fut.set_result(None)
+            except asyncio.InvalidStateError:  # Its waiter was cancelled.
+                pass
 
 
 def _library() -> tuple[str, Any]:
@@ -175,7 +177,7 @@ def acall(
     """
     rec = None if disabled() else recorder(group.name)
     if rec is None:
-        return _fly(group, key, fn, args, kwargs, rec=None)
+        return fly(group, key, fn, args, kwargs, rec=None)
     return _recorded(group, key, fn, args, kwargs, rec=rec)
 
 
@@ -189,10 +191,10 @@ async def _recorded(
     rec: Recorder,
 ) -> T:
     with rec:
-        return await _fly(group, key, fn, args, kwargs, rec=rec)
+        return await fly(group, key, fn, args, kwargs, rec=rec)
 
 
-async def _fly(
+async def fly(
     group: SingleFlight,
     key: Hashable,
     fn: Callable[..., Awaitable[T]],

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ParamSpec, TypeVar, final
 
+from resilient._core._telemetry import disabled
 from resilient._core._validate import check_name
 from resilient._singleflight import _async, _sync
 from resilient._singleflight._machine import (
@@ -139,4 +140,6 @@ class SingleFlight:
             RuntimeError: Called from inside the execution it would wait
                 for.
         """
+        if disabled():  # No telemetry: straight to the shell.
+            return await _async.fly(self, key, fn, args, kwargs, rec=None)
         return await _async.acall(self, key, fn, args, kwargs)
