@@ -5,8 +5,8 @@ Four processes contend for one lock (``with resilient.lock(...)``), each
 holding it ~1 ms (and, second, two processes holding it 50 ms each and
 resting 50 ms after each release, so every hand-over goes to a process
 that has waited 50 ms; third, the same with 300 ms, where a polling
-waiter's backoff has grown); the latency from one holder's release to the acquire of
-the next holder in another process (p50, p99, max, on the shared
+waiter's backoff has grown); the latency from one holder's release to the
+acquire of the next holder in another process (p50, p99, max, on the shared
 CLOCK_MONOTONIC), as in the embedded hand-over of ``bench_locks.py``. A
 waiter is woken by the store's release notice (Redis pub/sub, PostgreSQL
 ``LISTEN``) where the backend watches, else it looks again on its backoff.
