@@ -38,6 +38,7 @@ from resilient._pipeline._flow import (
     flow,
 )
 from resilient._retry._machine import WrongShell
+from resilient._timeout._watchdog import arm, disarm
 
 
 if TYPE_CHECKING:
@@ -178,15 +179,28 @@ async def adrive(
         except StopIteration as stop:
             return stop.value
         if op == RUN:
-            try:
-                with call.cancel_scope(arg) as scope:
+            if arg == math.inf:
+                # No deadline: nothing to arm.
+                try:
                     result = await fn(*args, **kwargs)
-                if scope.cancelled_caught:
-                    raise timed_out(arg)  # noqa: TRY301
+                except BaseException as exc:  # noqa: BLE001 - the flow decides
+                    sent = (exc, None)
+                else:
+                    sent = (None, result)
+                continue
+            armed = arm(arg - call.clock.now())
+            try:
+                result = await fn(*args, **kwargs)
             except BaseException as exc:  # noqa: BLE001 - the flow decides
-                sent = (exc, None)
+                failed: BaseException | None = exc
             else:
-                sent = (None, result)
+                failed = None
+            try:
+                if disarm(armed, failed):
+                    failed = timed_out(arg)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                failed = exc
+            sent = (None, result) if failed is None else (failed, None)
             continue
         try:
             sent = await aperform(call, op, arg)
@@ -239,50 +253,60 @@ def call_sync(  # noqa: C901 - the bare first attempt, inline for speed
     return drive(call, flow(call), fn, args, kwargs)
 
 
-async def call_async(
+async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
     policy: RetrySettings,
     guards: Guards | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """A call through *policy*, async: the bare first attempt when no
-    deadline needs a cancel scope, then the flow."""
+    """A call through *policy*, async: the bare first attempt (under the
+    loop's deadline watchdog when it has a deadline), then the flow."""
     # The registries were reset: look the parts up again (one int compare
     # per call; the module global, not a call of generation()).
     if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001
         guards.look_up()
-    if (
-        policy.budget is None
-        and bare_ok(policy)
-        and _DEADLINE.get() == math.inf
-    ):
+    if bare_ok(policy):
         bare = None if guards is None else guards.bare
-        if guards is None:
-            # Inline, not a helper: one coroutine frame less per call.
-            start = _clock._clock.now()  # noqa: SLF001
-            try:
-                return await fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the flow decides
-                call = Call(policy, None, start, math.inf)
-                gen = flow(call, exc)
-            return await adrive(call, gen, fn, args, kwargs)
-        if bare is not None:
-            ticket = bare.fast_admit()
-            if ticket is not None:
-                start = _clock._clock.now()  # noqa: SLF001
+        if guards is None or bare is not None:
+            # Inline, not helpers: one coroutine frame less per call.
+            start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
+            budget = policy.budget
+            at = outer if budget is None else min(outer, start + budget)
+            if at == math.inf and bare is None:
+                # No deadline: nothing to arm.
                 try:
-                    result = await fn(*args, **kwargs)
-                except BaseException as exc:
-                    await bare.afast_settle(ticket, exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                    call = Call(policy, guards, start, math.inf)
+                    return await fn(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - the flow decides
+                    call = Call(policy, None, start, outer)
                     gen = flow(call, exc)
-                else:
-                    await bare.afast_settle(ticket, None)
-                    return result
                 return await adrive(call, gen, fn, args, kwargs)
+            ticket = None if bare is None else bare.fast_admit()
+            if bare is None or ticket is not None:
+                token = _DEADLINE.set(at)
+                try:
+                    armed = None if at == math.inf else arm(at - start)
+                    try:
+                        result = await fn(*args, **kwargs)
+                    except BaseException as exc:  # noqa: BLE001 - settled first
+                        failed: BaseException | None = exc
+                    else:
+                        failed = None
+                    try:
+                        if armed is not None and disarm(armed, failed):
+                            failed = timed_out(at)
+                    except BaseException as exc:  # noqa: BLE001 - settled first
+                        failed = exc
+                finally:
+                    _DEADLINE.reset(token)
+                if ticket is not None:
+                    await bare.afast_settle(ticket, failed)  # type: ignore[union-attr]
+                if failed is None:
+                    return result
+                if not isinstance(failed, Exception):
+                    raise failed
+                call = Call(policy, guards, start, outer)
+                return await adrive(call, flow(call, failed), fn, args, kwargs)
     call = Call(policy, guards)
     return await adrive(call, flow(call), fn, args, kwargs)
 
