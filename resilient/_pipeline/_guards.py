@@ -9,10 +9,10 @@ next call (one int compare per call).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from resilient._core import _registry
-from resilient._pipeline._stage import ORDER, BreakerStage
+from resilient._pipeline._stage import ORDER, BreakerStage, BulkheadStage
 from resilient._retry_budget import get_retry_budget
 
 
@@ -20,6 +20,83 @@ if TYPE_CHECKING:
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._stage import Stage
     from resilient._retry_budget import RetryBudget
+
+
+class FastStage(Protocol):
+    """
+    Admission for the bare first attempt: a ticket when the stage admits
+    at once without its full path (no queueing, no permit machinery), or
+    None to take the full path.
+    """
+
+    def fast_admit(self) -> Any:
+        """A ticket, or None."""
+
+    def fast_settle(self, ticket: Any, exc: BaseException | None) -> None:
+        """The bare attempt ended: count it, free what the ticket holds."""
+
+    async def afast_settle(
+        self, ticket: Any, exc: BaseException | None
+    ) -> None:
+        """`fast_settle` from async code; never awaits while cancelled."""
+
+    def fast_drop(self, ticket: Any) -> None:
+        """Give the ticket back uncounted: the attempt will not run bare."""
+
+
+# The stages that have a fast admission.
+_FAST: Final = (BreakerStage, BulkheadStage)
+
+
+@final
+class BareChain:
+    """
+    Several fast stages in `ORDER`, admitted outermost first and settled
+    innermost first, as one: a breaker and a bulkhead cost their own fast
+    admissions, not the flow's.
+    """
+
+    __slots__ = ("_stages",)
+
+    def __init__(self, stages: tuple[FastStage, ...]) -> None:
+        self._stages = stages
+
+    def fast_admit(self) -> list[Any] | None:
+        """Every stage's ticket, or None (those taken given back)."""
+        tickets: list[Any] = []
+        try:
+            for stage in self._stages:
+                ticket = stage.fast_admit()
+                if ticket is None:
+                    self.fast_drop(tickets)
+                    return None
+                tickets.append(ticket)
+        except BaseException:
+            self.fast_drop(tickets)
+            raise
+        return tickets
+
+    def fast_settle(
+        self, tickets: list[Any], exc: BaseException | None
+    ) -> None:
+        """Settle every ticket, innermost first."""
+        stages = self._stages
+        for i in range(len(tickets) - 1, -1, -1):
+            stages[i].fast_settle(tickets[i], exc)
+
+    async def afast_settle(
+        self, tickets: list[Any], exc: BaseException | None
+    ) -> None:
+        """`fast_settle`, awaiting async listeners."""
+        stages = self._stages
+        for i in range(len(tickets) - 1, -1, -1):
+            await stages[i].afast_settle(tickets[i], exc)
+
+    def fast_drop(self, tickets: list[Any]) -> None:
+        """Give the tickets taken back uncounted, innermost first."""
+        stages = self._stages
+        for i in range(len(tickets) - 1, -1, -1):
+            stages[i].fast_drop(tickets[i])
 
 
 @final
@@ -36,9 +113,10 @@ class Guards:
         """The registry generation the parts were looked up in."""
         self.stages: tuple[Stage, ...] = ()
         self.budget: RetryBudget | None = None
-        self.bare: BreakerStage | None = None
-        """The only guard when it is a breaker: while it is closed, a first
-        attempt runs bare."""
+        self.bare: FastStage | None = None
+        """The guards when each can admit without waiting (a closed
+        breaker, a bulkhead with a free slot): then a first attempt runs
+        bare, through `FastStage.fast_admit`."""
         self.look_up()
 
     def look_up(self) -> None:
@@ -55,11 +133,18 @@ class Guards:
             if policy.retry_budget is None
             else get_retry_budget(policy.name, policy.retry_budget)
         )
-        only = self.stages[0] if len(self.stages) == 1 else None
+        stages = self.stages
+        fast = (
+            bool(stages)
+            and self.budget is None
+            and all(type(s) in _FAST for s in stages)
+        )
         self.bare = (
-            only
-            if type(only) is BreakerStage and self.budget is None
-            else None
+            None
+            if not fast
+            else stages[0]  # type: ignore[assignment]
+            if len(stages) == 1
+            else BareChain(stages)  # type: ignore[arg-type]
         )
 
     def fresh(self) -> Guards:

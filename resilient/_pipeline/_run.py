@@ -4,9 +4,11 @@ attempt in front of them.
 
 Most calls succeed at once: a first attempt with no attempt timeout, no
 result predicate and no telemetry runs bare, with only the call's deadline
-in the context (and, through a closed breaker, counted without a permit);
-the call's state and the flow are made only when it fails, and the flow
-starts from that failure.
+in the context (in async code, armed in the loop's deadline watchdog:
+`resilient._timeout._watchdog`), through guards that admit it at once (a
+closed breaker counts it without a permit, a bulkhead with a free slot
+takes it without queueing: `Guards.bare`); the call's state and the flow
+are made only when it fails, and the flow starts from that failure.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import functools
 import math
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
-
-import anyio.lowlevel
 
 from resilient._core import _clock, _registry
 from resilient._core._loops import refuse_blocking
@@ -38,7 +38,7 @@ from resilient._pipeline._flow import (
     flow,
 )
 from resilient._retry._machine import WrongShell
-from resilient._timeout._watchdog import arm, disarm
+from resilient._timeout._watchdog import arm, checkpoint, disarm
 
 
 if TYPE_CHECKING:
@@ -56,8 +56,8 @@ _Coroutine: Final = CoroutineType
 def bare_ok(policy: RetrySettings) -> bool:
     """
     Whether a first attempt can run bare: no attempt timeout, no result
-    predicate, no telemetry. (Of the guards, only a closed breaker keeps
-    it bare.)
+    predicate, no telemetry. (The guards keep it bare while they admit it
+    at once: `Guards.bare`.)
     """
     return (
         policy.timeout is None
@@ -114,7 +114,7 @@ async def aperform(call: Call, op: int, arg: Any) -> Any:
         if seconds > 0:
             await call.clock.asleep(seconds)
         else:
-            await anyio.lowlevel.checkpoint()
+            await checkpoint()
     elif op == HOOK:
         # Hooks are bounded by the call's deadline (docs/retry.md).
         with call.cancel_scope(call.deadline):

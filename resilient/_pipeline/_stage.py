@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from resilient._breaker import SUCCESS, attempt_outcome
 from resilient._breaker import breaker as get_breaker
-from resilient._bulkhead import get_bulkhead
+from resilient._bulkhead import Permit, get_bulkhead
 
 
 if TYPE_CHECKING:
@@ -139,6 +139,9 @@ class BreakerStage:
         )
         await cb._asettle_closed(*ticket, outcome)  # noqa: SLF001
 
+    def fast_drop(self, ticket: tuple[int, float]) -> None:
+        """Nothing to give back: a closed ticket holds nothing."""
+
 
 @final
 class BulkheadStage:
@@ -182,6 +185,33 @@ class BulkheadStage:
     def retry_after(self) -> float:
         """A bulkhead cannot tell when a slot frees: 0."""
         return 0.0
+
+    # The bare first attempt: a free slot taken without queueing (the
+    # standalone decorator's cost); None takes the full path, which queues.
+
+    def fast_admit(self) -> BulkheadPermit | None:
+        """A slot if one is free now and nobody queues, or None."""
+        bulkhead = self.bulkhead
+        permit = Permit(bulkhead)
+        # A permit lost to an exception before it is returned gives its
+        # slot back when it is freed (see BulkheadMachine).
+        return permit if bulkhead._machine.take(permit) else None  # noqa: SLF001
+
+    def fast_settle(
+        self, ticket: BulkheadPermit, exc: BaseException | None
+    ) -> None:
+        """Free the slot."""
+        ticket.release()
+
+    async def afast_settle(
+        self, ticket: BulkheadPermit, exc: BaseException | None
+    ) -> None:
+        """Free the slot (nothing to await)."""
+        ticket.release()
+
+    def fast_drop(self, ticket: BulkheadPermit) -> None:
+        """Free the slot: the attempt will not run bare."""
+        ticket.release()
 
 
 def _breaker_stage(name: str, config: Any) -> Stage:

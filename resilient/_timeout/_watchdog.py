@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 _get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
 _current_task: Final = asyncio.current_task
 _CancelledError: Final = asyncio.CancelledError
+_sleep: Final = asyncio.sleep
 
 # Dead entries are dropped in one pass once the heap outgrows this many,
 # or twice the live entries at the last pass if more.
@@ -225,6 +226,20 @@ class AttemptDeadline:
             return False
         caught = self.cancelled_caught = disarm(armed, exc)
         return caught
+
+
+async def checkpoint() -> None:
+    """
+    Let the event loop run other tasks (and deliver a cancellation): as
+    ``anyio.lowlevel.checkpoint()``, without looking the library up.
+    """
+    if _get_running_loop() is not None:
+        await _sleep(0)
+        return
+    trio = _trio
+    if trio is None:
+        trio = _import_trio()
+    await trio.lowlevel.checkpoint()
 
 
 def _import_trio() -> Any:
