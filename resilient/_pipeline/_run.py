@@ -38,7 +38,7 @@ from resilient._pipeline._flow import (
     flow,
 )
 from resilient._retry._machine import WrongShell
-from resilient._timeout._watchdog import arm, checkpoint, disarm
+from resilient._timeout._watchdog import FIRED, TASK, arm, checkpoint, disarm
 
 
 if TYPE_CHECKING:
@@ -266,7 +266,11 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
     # per call; the module global, not a call of generation()).
     if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001
         guards.look_up()
-    if bare_ok(policy):
+    if (  # bare_ok(policy), inline: one Python frame less per call
+        policy.timeout is None
+        and policy.retry_if_result is None
+        and disabled()
+    ):
         bare = None if guards is None else guards.bare
         if guards is None or bare is not None:
             # Inline, not helpers: one coroutine frame less per call.
@@ -293,7 +297,9 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
                     else:
                         failed = None
                     try:
-                        if armed is not None and disarm(armed, failed):
+                        if type(armed) is list and not armed[FIRED]:
+                            armed[TASK] = None  # disarm(), inline: not fired
+                        elif armed is not None and disarm(armed, failed):
                             failed = timed_out(at)
                     except BaseException as exc:  # noqa: BLE001 - settled first
                         failed = exc

@@ -33,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import time
 import weakref
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any, Final, final
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
 
@@ -57,63 +59,64 @@ _MIN_COMPACT: Final = 64
 # task or None once the attempt ended (dead), the task's cancelling() count
 # at entry, whether the watchdog cancelled the task].
 _AT: Final = 0
-_TASK: Final = 2
+TASK: Final = 2
 _CANCELLING: Final = 3
-_FIRED: Final = 4
+FIRED: Final = 4
 
 
 @final
 class _Watchdog:
     """The deadlines of one event loop's attempts in flight."""
 
-    __slots__ = ("__weakref__", "_armed", "_handle", "_heap", "_limit")
+    __slots__ = ("__weakref__", "armed", "handle", "heap", "limit", "now")
 
-    def __init__(self) -> None:
-        self._heap: list[list[Any]] = []
-        self._limit = _MIN_COMPACT
-        self._armed = math.inf
-        self._handle: asyncio.TimerHandle | None = None
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.heap: list[list[Any]] = []
+        """The entries, earliest deadline first (dead ones included)."""
+        self.limit = _MIN_COMPACT
+        """Past this many entries, the dead ones are dropped."""
+        self.armed = math.inf
+        """When the timer fires (the loop's clock); inf when not armed."""
+        self.handle: asyncio.TimerHandle | None = None
+        # The loop's clock: a default loop's is `time.monotonic` (called
+        # directly, one Python frame less per attempt).
+        self.now: Callable[[], float] = (
+            time.monotonic
+            if type(loop).time is asyncio.BaseEventLoop.time
+            else loop.time
+        )
 
-    def add(self, entry: list[Any], loop: asyncio.AbstractEventLoop) -> None:
-        """Register *entry*; arm the timer if it is due first."""
-        heap = self._heap
-        heappush(heap, entry)
-        at = entry[_AT]
-        if at < self._armed:
-            self._arm(at, loop)
-        if len(heap) > self._limit:
-            self._compact()
-
-    def _arm(self, at: float, loop: asyncio.AbstractEventLoop) -> None:
-        handle = self._handle
+    def arm(self, at: float, loop: asyncio.AbstractEventLoop) -> None:
+        """(Re-)arm the timer for *at*."""
+        handle = self.handle
         if handle is not None:
             handle.cancel()
-        self._handle = loop.call_at(at, self._fire, loop)
-        self._armed = at
+        self.handle = loop.call_at(at, self.fire, loop)
+        self.armed = at
 
-    def _compact(self) -> None:
+    def compact(self) -> None:
         """Drop the dead entries."""
-        heap = self._heap
-        heap[:] = [e for e in heap if e[_TASK] is not None]
+        heap = self.heap
+        heap[:] = [e for e in heap if e[TASK] is not None]
         heapify(heap)
-        self._limit = max(_MIN_COMPACT, 2 * len(heap))
+        self.limit = max(_MIN_COMPACT, 2 * len(heap))
 
-    def _fire(self, loop: asyncio.AbstractEventLoop) -> None:
+    def fire(self, loop: asyncio.AbstractEventLoop) -> None:
         """The timer: cancel each attempt that overran; re-arm."""
-        self._handle = None
-        self._armed = math.inf
-        heap = self._heap
-        now = loop.time()
+        self.handle = None
+        self.armed = math.inf
+        heap = self.heap
+        now = self.now()
         while heap and heap[0][_AT] <= now:
             entry = heappop(heap)
-            task = entry[_TASK]
+            task = entry[TASK]
             if task is not None:
-                entry[_FIRED] = True
+                entry[FIRED] = True
                 task.cancel()
-        while heap and heap[0][_TASK] is None:
+        while heap and heap[0][TASK] is None:
             heappop(heap)
         if heap:
-            self._arm(heap[0][_AT], loop)
+            self.arm(heap[0][_AT], loop)
 
 
 _SEQ: Final = itertools.count()
@@ -123,18 +126,17 @@ _SEQ: Final = itertools.count()
 _DOGS: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog]] = (
     weakref.WeakKeyDictionary()
 )
-_last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Watchdog] | None = None
+# (A strong reference: one closed loop may stay alive until another runs.)
+_last: tuple[asyncio.AbstractEventLoop, _Watchdog] | None = None
 
 
 def _watchdog(loop: asyncio.AbstractEventLoop) -> _Watchdog:
+    """The watchdog of *loop*, made on first use."""
     global _last  # noqa: PLW0603 - the one-entry cache
-    last = _last
-    if last is not None and last[0]() is loop:
-        return last[1]
     dog = _DOGS.get(loop)
     if dog is None:
-        dog = _DOGS[loop] = _Watchdog()
-    _last = (weakref.ref(loop), dog)
+        dog = _DOGS[loop] = _Watchdog(loop)
+    _last = (loop, dog)
     return dog
 
 
@@ -151,19 +153,26 @@ def arm(left: float) -> Any:
     and none is checked for there).
     """
     loop = _get_running_loop()
-    if loop is None:
-        trio = _trio
-        if trio is None:
-            trio = _import_trio()
-        scope = trio.CancelScope(deadline=trio.current_time() + left)
-        scope.__enter__()
-        return scope
+    if loop is None:  # No asyncio loop runs here: trio does.
+        return _trio_arm(left)
+    last = _last
+    dog = (
+        last[1]
+        if last is not None and last[0] is loop
+        else _watchdog(loop)
+    )
     task = _current_task(loop)
-    entry = [loop.time() + left, next(_SEQ), task, task.cancelling(), False]
+    at = dog.now() + left
+    entry = [at, next(_SEQ), task, task.cancelling(), False]
     try:
-        _watchdog(loop).add(entry, loop)
+        heap = dog.heap
+        heappush(heap, entry)
+        if at < dog.armed:
+            dog.arm(at, loop)
+        if len(heap) > dog.limit:
+            dog.compact()
     except BaseException:
-        entry[_TASK] = None
+        entry[TASK] = None
         raise
     return entry
 
@@ -177,15 +186,25 @@ def disarm(armed: Any, exc: BaseException | None) -> bool:
         return _trio_disarm(armed, exc)
     # Dead first (one store): the watchdog never cancels the task once the
     # attempt has ended, whatever lands later here.
-    task = armed[_TASK]
-    armed[_TASK] = None
-    if not armed[_FIRED]:
+    task = armed[TASK]
+    armed[TASK] = None
+    if not armed[FIRED]:
         return False
     # Our cancellation, taken back: the attempt was stopped by it alone if
     # no other cancellation (the caller's) is pending.
     return task.uncancel() <= armed[_CANCELLING] and isinstance(
         exc, _CancelledError
     )
+
+
+def _trio_arm(left: float) -> Any:
+    """Enter trio's own cancel scope with the deadline."""
+    trio = _trio
+    if trio is None:
+        trio = _import_trio()
+    scope = trio.CancelScope(deadline=trio.current_time() + left)
+    scope.__enter__()
+    return scope
 
 
 def _trio_disarm(scope: Any, exc: BaseException | None) -> bool:
