@@ -614,7 +614,9 @@ class TestCancellation:
 
         bh = bulkhead("db", max_concurrent=1, max_wait=None)
         held = bh.acquire()
-        monkeypatch.setattr("resilient._bulkhead.ThreadWaiter", Interrupted)
+        monkeypatch.setattr(
+            "resilient._bulkhead._shells.ThreadWaiter", Interrupted
+        )
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()
         held.release()
@@ -640,7 +642,7 @@ class TestCancellation:
                 self.woken = True
 
         monkeypatch.setattr(
-            "resilient._bulkhead.ThreadWaiter", GrantThenInterrupt
+            "resilient._bulkhead._shells.ThreadWaiter", GrantThenInterrupt
         )
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()

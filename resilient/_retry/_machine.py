@@ -60,7 +60,7 @@ def _retry(delay: float, event: RetryEvent) -> Retry:
     set_delay, set_event = _RETRY_SLOTS
     set_delay(step, delay)
     set_event(step, event)
-    return step  # type: ignore[no-any-return]
+    return step
 
 # What the machine reads of a policy (imported for the protocol's sake: it
 # is the API this layer is written against).
@@ -418,7 +418,7 @@ class RetryMachine:
         exception(event, exc)
         result_(event, result)
         reason_(event, reason)
-        return event  # type: ignore[no-any-return]
+        return event
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:

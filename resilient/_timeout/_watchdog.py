@@ -162,6 +162,8 @@ def arm(left: float) -> Any:
         else _watchdog(loop)
     )
     task = _current_task(loop)
+    if task is None:  # pragma: no cover - the drivers run in a task
+        raise RuntimeError("an attempt deadline needs an asyncio task")
     at = dog.now() + left
     entry = [at, next(_SEQ), task, task.cancelling(), False]
     try:
