@@ -123,6 +123,33 @@ class TestMachine:
         assert bh._machine.enqueue(p, now, seconds, reason, wake) is None
         return p
 
+    def test_a_release_from_a_collected_cycle_counts_once(self) -> None:
+        """A held permit released by the finalizer of a generator collected
+        with it in a reference cycle (the collector clears the weak
+        reference first) gives its slot back once, not twice."""
+        bh = self.bulkhead(1)
+
+        def holder(box: list[object]) -> Iterator[None]:
+            permit = bh.acquire_nowait()
+            try:
+                yield
+            finally:
+                permit.release()
+
+        box: list[object] = []
+        gen = holder(box)
+        box.append(gen)
+        next(gen)
+        del gen, box
+        gc.collect()
+        stats = bh.statistics()
+        assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+        # The slot is free again, and only one.
+        again = bh.acquire_nowait()
+        with pytest.raises(BulkheadFull):
+            bh.acquire_nowait()
+        again.release()
+
     def test_grants_until_full(self) -> None:
         """Free slots are taken at once; then take says no."""
         bh = self.bulkhead(2)

@@ -96,12 +96,14 @@ class BulkheadPermit:
         "_bulkhead",
         "_deadline",
         "_reason",
+        "_ref",
         "_since",
         "_state",
         "_wake",
     )
 
     _bulkhead: Bulkhead
+    _ref: weakref.ref[BulkheadPermit]
     _state: int
     _wake: Callable[[], object]
     _since: float
@@ -209,15 +211,16 @@ class BulkheadMachine:
         self._max_waiting = config.max_waiting
 
     # Every grant below is written the same way: the weak reference is made
-    # first (a call), then the state and the counts are stored with no call
-    # in between, then the reference is added (a call, after which the
-    # state is consistent again).
+    # first (a call), then it, the state and the counts are stored on the
+    # permit and the machine with no call in between, then the reference is
+    # added (a call, after which the state is consistent again).
 
     def take(self, permit: BulkheadPermit) -> bool:
         """Give *permit* a free slot if there is one and nobody queues."""
         with self._lock:
             if self.in_use < self._limit and not self._waiters:
                 ref = weakref.ref(permit)
+                permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
@@ -250,6 +253,7 @@ class BulkheadMachine:
             self._sweep()
             if self.in_use < self._limit and not self._waiters:
                 ref = weakref.ref(permit)
+                permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
@@ -299,11 +303,16 @@ class BulkheadMachine:
         with self._lock:
             state = permit._state  # noqa: SLF001
             if state == _HELD:
-                ref = weakref.ref(permit)
+                # The reference made at the grant, not a new one: the
+                # collector clears a permit's weak references before it runs
+                # the finalizer that may release it (a generator collected
+                # in a cycle), and a dead reference equals only itself.
+                ref = permit._ref  # noqa: SLF001
                 permit._state = _RELEASED  # noqa: SLF001
-                self.released += 1
-                self.in_use -= 1
-                self._holders.discard(ref)
+                if ref in self._holders:  # Not given back by `_sweep` yet.
+                    self.released += 1
+                    self.in_use -= 1
+                    self._holders.discard(ref)
                 self._serve()
             elif state == _WAITING:
                 permit._state = _RELEASED  # noqa: SLF001
@@ -341,6 +350,7 @@ class BulkheadMachine:
             if self.in_use >= self._limit:
                 return
             ref = weakref.ref(permit)
+            permit._ref = ref  # noqa: SLF001
             permit._state = _HELD  # noqa: SLF001
             self.in_use += 1
             self.acquired += 1

@@ -159,7 +159,7 @@ def drive(
             thrown = exc
 
 
-async def adrive(
+async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine frame less
     call: Call,
     gen: Flow,
     fn: Callable[..., Any],

@@ -62,6 +62,7 @@ def _retry(delay: float, event: RetryEvent) -> Retry:
     set_event(step, event)
     return step
 
+
 # What the machine reads of a policy (imported for the protocol's sake: it
 # is the API this layer is written against).
 RetrySettings = _settings.RetrySettings

@@ -123,9 +123,9 @@ _SEQ: Final = itertools.count()
 
 # One watchdog per event loop; the last one looked up, first (one identity
 # compare per attempt while one loop runs).
-_DOGS: Final[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog]] = (
-    weakref.WeakKeyDictionary()
-)
+_DOGS: Final[
+    weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog]
+] = weakref.WeakKeyDictionary()
 # (A strong reference: one closed loop may stay alive until another runs.)
 _last: tuple[asyncio.AbstractEventLoop, _Watchdog] | None = None
 
@@ -156,11 +156,7 @@ def arm(left: float) -> Any:
     if loop is None:  # No asyncio loop runs here: trio does.
         return _trio_arm(left)
     last = _last
-    dog = (
-        last[1]
-        if last is not None and last[0] is loop
-        else _watchdog(loop)
-    )
+    dog = last[1] if last is not None and last[0] is loop else _watchdog(loop)
     task = _current_task(loop)
     if task is None:  # pragma: no cover - the drivers run in a task
         raise RuntimeError("an attempt deadline needs an asyncio task")
