@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 
 
 _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
+_DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
+_monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
 
 
@@ -273,10 +276,14 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
     ):
         bare = None if guards is None else guards.bare
         if guards is None or bare is not None:
-            # Inline, not helpers: one coroutine frame less per call.
-            start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
+            # Inline, not helpers: one coroutine frame less per call (and
+            # the default clock read without its method).
+            clock = _clock._clock  # noqa: SLF001
+            start = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
+            outer = at = _DEADLINE.get()
             budget = policy.budget
-            at = outer if budget is None else min(outer, start + budget)
+            if budget is not None and start + budget < outer:
+                at = start + budget
             if at == math.inf and bare is None:
                 # No deadline: nothing to arm.
                 try:
