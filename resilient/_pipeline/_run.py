@@ -181,6 +181,15 @@ async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine fra
                 thrown = None
         except StopIteration as stop:
             return stop.value
+        if op == SLEEP and arg[0] <= 0:
+            # A zero wait, inline: a checkpoint, and no aperform frame.
+            try:
+                await checkpoint()
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                thrown = exc
+            else:
+                sent = None
+            continue
         if op == RUN:
             if arg == math.inf:
                 # No deadline: nothing to arm.
@@ -191,7 +200,9 @@ async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine fra
                 else:
                     sent = (None, result)
                 continue
-            armed = arm(arg - call.clock.now())
+            clock = call.clock
+            now = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
+            armed = arm(arg - now)
             try:
                 result = await fn(*args, **kwargs)
             except BaseException as exc:  # noqa: BLE001 - the flow decides

@@ -34,20 +34,20 @@ import asyncio
 import itertools
 import math
 import time
+import types
 import weakref
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any, Final, final
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable, Generator
     from types import TracebackType
 
 
 _get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
 _current_task: Final = asyncio.current_task
 _CancelledError: Final = asyncio.CancelledError
-_sleep: Final = asyncio.sleep
 
 # Dead entries are dropped in one pass once the heap outgrows this many,
 # or twice the live entries at the last pass if more.
@@ -245,18 +245,25 @@ class AttemptDeadline:
         return caught
 
 
-async def checkpoint() -> None:
+def checkpoint() -> Awaitable[None]:
     """
     Let the event loop run other tasks (and deliver a cancellation): as
-    ``anyio.lowlevel.checkpoint()``, without looking the library up.
+    ``anyio.lowlevel.checkpoint()``, without looking the library up. A
+    plain function returning the awaitable: one coroutine frame less.
     """
     if _get_running_loop() is not None:
-        await _sleep(0)
-        return
+        return _yield_now()
     trio = _trio
     if trio is None:
         trio = _import_trio()
-    await trio.lowlevel.checkpoint()
+    return trio.lowlevel.checkpoint()  # type: ignore[no-any-return]
+
+
+@types.coroutine
+def _yield_now() -> Generator[None, None, None]:
+    """asyncio's own zero sleep (``asyncio.sleep(0)``) without its frame:
+    a bare yield gives the loop one iteration."""
+    yield
 
 
 def _import_trio() -> Any:
