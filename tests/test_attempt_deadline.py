@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 import resilient
+from resilient._pipeline import _run
 from resilient._timeout import _watchdog
 from resilient.exceptions import DeadlineExceeded, TimedOut
 
@@ -290,3 +291,97 @@ def test_block_form_attempt_interrupted_at_the_budget(backend: str) -> None:
     with pytest.raises(DeadlineExceeded):
         anyio.run(main, backend=backend)
     assert entered == [1]
+
+
+def test_each_loop_has_its_own_watchdog() -> None:
+    """asyncio: two event loops used in turn each keep their own watchdog,
+    found again when a loop comes back."""
+    first, second = asyncio.new_event_loop(), asyncio.new_event_loop()
+
+    async def dog() -> object:
+        armed = _watchdog.arm(30.0)
+        _watchdog.disarm(armed, None)
+        return _watchdog._DOGS[asyncio.get_running_loop()]
+
+    try:
+        a = first.run_until_complete(dog())
+        b = second.run_until_complete(dog())
+        again = first.run_until_complete(dog())
+    finally:
+        first.close()
+        second.close()
+    assert a is again
+    assert a is not b
+
+
+def test_an_arm_cut_off_leaves_a_dead_entry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncio: an exception while registering (an asynchronous one, here
+    raised by the heap) leaves the entry dead: the watchdog never cancels
+    the task for it."""
+
+    def cut_off(heap: list[Any], entry: list[Any]) -> None:
+        heap.append(entry)
+        raise KeyboardInterrupt
+
+    async def main() -> None:
+        monkeypatch.setattr(_watchdog, "heappush", cut_off)
+        with pytest.raises(KeyboardInterrupt):
+            _watchdog.arm(0.0)
+        monkeypatch.undo()
+        dog = _watchdog._DOGS[asyncio.get_running_loop()]
+        assert [e[_watchdog.TASK] for e in dog.heap] == [None]
+        await asyncio.sleep(0.01)  # Not cancelled.
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_cancellation_at_a_zero_delay_checkpoint(backend: str) -> None:
+    """The caller's cancellation delivered at a zero-delay retry's
+    checkpoint ends the call there: no further attempt."""
+    calls: list[int] = []
+    scopes: list[anyio.CancelScope] = []
+
+    @resilient.retry(_policy(budget=None))
+    async def body() -> None:
+        calls.append(1)
+        scopes[0].cancel()
+        raise ValueError
+
+    async def main() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await body()
+        assert scope.cancelled_caught
+
+    anyio.run(main, backend=backend)
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("bare", [True, False], ids=["bare", "retried"])
+def test_a_deadline_that_raises_on_exit_is_the_attempts_error(
+    bare: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trio: an error from leaving the attempt's deadline (trio's scope
+    exit raising, as on a misnested scope) is the attempt's outcome, in the
+    bare first attempt and in a retried one."""
+    calls: list[int] = []
+
+    def broken(armed: Any, exc: BaseException | None) -> bool:
+        armed.__exit__(None, None, None)
+        raise LookupError
+
+    @resilient.retry(_policy(budget=30.0))
+    async def body() -> str:
+        calls.append(1)
+        if not bare and len(calls) == 1:
+            raise ValueError
+        if len(calls) == (1 if bare else 2):
+            monkeypatch.setattr(_run, "disarm", broken)
+        return "ok"
+
+    with pytest.raises(LookupError):
+        anyio.run(body, backend="trio")
+    assert len(calls) == (1 if bare else 2)

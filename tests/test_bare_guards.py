@@ -151,3 +151,19 @@ def test_a_chain_gives_back_what_it_took() -> None:
     chain.fast_settle(tickets, None)
     assert outer.bulkhead.statistics().in_use == 0
     assert inner.bulkhead.statistics().in_use == 0
+
+
+def test_a_chain_cut_off_gives_back_what_it_took() -> None:
+    """An exception in a later stage's admission (an asynchronous one,
+    here raised by the stage) frees the slots the chain already took."""
+    policy = _policy(breaker=False)
+    outer = BulkheadStage(get_bulkhead(policy.name, policy.bulkhead))
+
+    class Cut:
+        def fast_admit(self) -> None:
+            raise KeyboardInterrupt
+
+    chain = BareChain((outer, Cut()))  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        chain.fast_admit()
+    assert outer.bulkhead.statistics().in_use == 0

@@ -150,6 +150,22 @@ class TestMachine:
             bh.acquire_nowait()
         again.release()
 
+    def test_a_release_after_the_sweep_counts_nothing(self) -> None:
+        """A permit whose slot the sweep already gave back (its weak
+        reference died first, as while the collector runs its finalizer)
+        counts nothing when it is released too."""
+        bh = self.bulkhead(1)
+        permit = self.taken(bh)
+        m = bh._machine
+        # What `_sweep` does for a dead reference.
+        m._holders.discard(permit._ref)
+        m.in_use -= 1
+        m.released += 1
+        permit.release()
+        stats = bh.statistics()
+        assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+        assert permit.released
+
     def test_grants_until_full(self) -> None:
         """Free slots are taken at once; then take says no."""
         bh = self.bulkhead(2)

@@ -197,9 +197,7 @@ def disarm(armed: Any, exc: BaseException | None) -> bool:
 
 def _trio_arm(left: float) -> Any:
     """Enter trio's own cancel scope with the deadline."""
-    trio = _trio
-    if trio is None:
-        trio = _import_trio()
+    trio = _trio or _import_trio()
     scope = trio.CancelScope(deadline=trio.current_time() + left)
     scope.__enter__()
     return scope
@@ -239,8 +237,6 @@ class AttemptDeadline:
         tb: TracebackType | None,
     ) -> bool:
         armed, self._armed = self._armed, None
-        if armed is None:
-            return False
         caught = self.cancelled_caught = disarm(armed, exc)
         return caught
 
@@ -253,9 +249,7 @@ def checkpoint() -> Awaitable[None]:
     """
     if _get_running_loop() is not None:
         return _yield_now()
-    trio = _trio
-    if trio is None:
-        trio = _import_trio()
+    trio = _trio or _import_trio()
     return trio.lowlevel.checkpoint()  # type: ignore[no-any-return]
 
 
