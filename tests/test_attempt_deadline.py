@@ -9,8 +9,10 @@ deadlines nest, and nothing is armed when there is no deadline.
 from __future__ import annotations
 
 import asyncio
+import gc
 import math
 import time
+import weakref
 from typing import Any
 
 import anyio
@@ -385,3 +387,20 @@ def test_a_deadline_that_raises_on_exit_is_the_attempts_error(
     with pytest.raises(LookupError):
         anyio.run(body, backend="trio")
     assert len(calls) == (1 if bare else 2)
+
+
+def test_a_closed_loop_is_freed() -> None:
+    """asyncio: a loop closed with a deadline timer still armed is freed
+    (nothing of its watchdog holds it) and leaves the watchdogs' map."""
+    bounded = resilient.retry(_policy(budget=30.0))(asyncio.sleep)
+    gc.collect()  # The loops of earlier tests, gone first.
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(bounded(0))
+    assert loop in _watchdog._DOGS
+    count = len(_watchdog._DOGS)
+    freed = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    assert freed() is None
+    assert len(_watchdog._DOGS) == count - 1

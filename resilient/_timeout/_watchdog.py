@@ -41,10 +41,11 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Generator
+    from collections.abc import Awaitable, Generator
     from types import TracebackType
 
 
+_monotonic: Final = time.monotonic
 _get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
 _current_task: Final = asyncio.current_task
 _CancelledError: Final = asyncio.CancelledError
@@ -68,7 +69,10 @@ FIRED: Final = 4
 class _Watchdog:
     """The deadlines of one event loop's attempts in flight."""
 
-    __slots__ = ("__weakref__", "armed", "handle", "heap", "limit", "now")
+    # Nothing here refers to the loop (the timer is held weakly, the loop
+    # holds it): the loop is freed once nothing else refers to it, and its
+    # watchdog with it.
+    __slots__ = ("__weakref__", "armed", "handle", "heap", "limit", "native")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.heap: list[list[Any]] = []
@@ -77,21 +81,19 @@ class _Watchdog:
         """Past this many entries, the dead ones are dropped."""
         self.armed = math.inf
         """When the timer fires (the loop's clock); inf when not armed."""
-        self.handle: asyncio.TimerHandle | None = None
-        # The loop's clock: a default loop's is `time.monotonic` (called
-        # directly, one Python frame less per attempt).
-        self.now: Callable[[], float] = (
-            time.monotonic
-            if type(loop).time is asyncio.BaseEventLoop.time
-            else loop.time
-        )
+        self.handle: weakref.ref[asyncio.TimerHandle] | None = None
+        """The armed timer, if any."""
+        self.native = type(loop).time is asyncio.BaseEventLoop.time
+        """Whether the loop's clock is `time.monotonic` (then read directly,
+        one Python frame less per attempt)."""
 
     def arm(self, at: float, loop: asyncio.AbstractEventLoop) -> None:
         """(Re-)arm the timer for *at*."""
-        handle = self.handle
+        ref = self.handle
+        handle = None if ref is None else ref()
         if handle is not None:
             handle.cancel()
-        self.handle = loop.call_at(at, self.fire, loop)
+        self.handle = weakref.ref(loop.call_at(at, self.fire))
         self.armed = at
 
     def compact(self) -> None:
@@ -101,12 +103,13 @@ class _Watchdog:
         heapify(heap)
         self.limit = max(_MIN_COMPACT, 2 * len(heap))
 
-    def fire(self, loop: asyncio.AbstractEventLoop) -> None:
+    def fire(self) -> None:
         """The timer: cancel each attempt that overran; re-arm."""
         self.handle = None
         self.armed = math.inf
         heap = self.heap
-        now = self.now()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         while heap and heap[0][_AT] <= now:
             entry = heappop(heap)
             task = entry[TASK]
@@ -126,8 +129,7 @@ _SEQ: Final = itertools.count()
 _DOGS: Final[
     weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Watchdog]
 ] = weakref.WeakKeyDictionary()
-# (A strong reference: one closed loop may stay alive until another runs.)
-_last: tuple[asyncio.AbstractEventLoop, _Watchdog] | None = None
+_last: tuple[weakref.ref[asyncio.AbstractEventLoop], _Watchdog] | None = None
 
 
 def _watchdog(loop: asyncio.AbstractEventLoop) -> _Watchdog:
@@ -136,7 +138,7 @@ def _watchdog(loop: asyncio.AbstractEventLoop) -> _Watchdog:
     dog = _DOGS.get(loop)
     if dog is None:
         dog = _DOGS[loop] = _Watchdog(loop)
-    _last = (loop, dog)
+    _last = (weakref.ref(loop), dog)
     return dog
 
 
@@ -156,11 +158,13 @@ def arm(left: float) -> Any:
     if loop is None:  # No asyncio loop runs here: trio does.
         return _trio_arm(left)
     last = _last
-    dog = last[1] if last is not None and last[0] is loop else _watchdog(loop)
+    dog = (
+        last[1] if last is not None and last[0]() is loop else _watchdog(loop)
+    )
     task = _current_task(loop)
     if task is None:  # pragma: no cover - the drivers run in a task
         raise RuntimeError("an attempt deadline needs an asyncio task")
-    at = dog.now() + left
+    at = (_monotonic() if dog.native else loop.time()) + left
     entry = [at, next(_SEQ), task, task.cancelling(), False]
     try:
         heap = dog.heap
