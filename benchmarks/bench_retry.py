@@ -55,6 +55,7 @@ import trio
 
 import _harness as h
 import resilient
+from resilient._pipeline import _run
 
 
 T = TypeVar("T")
@@ -355,6 +356,9 @@ class Counter:
         (anyio, "sleep", "anyio.sleep"),
         (anyio.lowlevel, "checkpoint", "checkpoint"),
         (trio, "sleep", "trio.sleep"),
+        # resilient's own zero-delay checkpoint (asyncio's bare yield or
+        # trio's checkpoint, not looked up through anyio).
+        (_run, "checkpoint", "resilient checkpoint"),
     )
 
     def __init__(self) -> None:
