@@ -163,6 +163,8 @@ def test_a_chain_cut_off_gives_back_what_it_took() -> None:
         def fast_admit(self) -> None:
             raise KeyboardInterrupt
 
+        fast_settle = afast_settle = fast_drop = fast_admit
+
     chain = BareChain((outer, Cut()))  # type: ignore[arg-type]
     with pytest.raises(KeyboardInterrupt):
         chain.fast_admit()

@@ -17,6 +17,8 @@ from resilient._retry_budget import get_retry_budget
 
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._stage import Stage
     from resilient._retry_budget import RetryBudget
@@ -53,20 +55,34 @@ class BareChain:
     """
     Several fast stages in `ORDER`, admitted outermost first and settled
     innermost first, as one: a breaker and a bulkhead cost their own fast
-    admissions, not the flow's.
+    admissions, not the flow's. The stages' methods are bound once (a
+    breaker's own ``fast_admit``, without its stage's frame).
     """
 
-    __slots__ = ("_stages",)
+    __slots__ = ("_admits", "_asettles", "_drops", "_settles")
 
     def __init__(self, stages: tuple[FastStage, ...]) -> None:
-        self._stages = stages
+        self._admits: tuple[Callable[[], Any], ...] = tuple(
+            s.breaker.fast_admit if type(s) is BreakerStage else s.fast_admit
+            for s in stages
+        )
+        self._settles = tuple(s.fast_settle for s in stages)
+        # None: the stage's settle never awaits (a bulkhead's release), so
+        # it is called, not awaited (no coroutine made).
+        self._asettles: tuple[
+            Callable[[Any, BaseException | None], Awaitable[None]] | None, ...
+        ] = tuple(
+            None if type(s) is BulkheadStage else s.afast_settle
+            for s in stages
+        )
+        self._drops = tuple(s.fast_drop for s in stages)
 
     def fast_admit(self) -> list[Any] | None:
         """Every stage's ticket, or None (those taken given back)."""
         tickets: list[Any] = []
         try:
-            for stage in self._stages:
-                ticket = stage.fast_admit()
+            for admit in self._admits:
+                ticket = admit()
                 if ticket is None:
                     self.fast_drop(tickets)
                     return None
@@ -80,23 +96,27 @@ class BareChain:
         self, tickets: list[Any], exc: BaseException | None
     ) -> None:
         """Settle every ticket, innermost first."""
-        stages = self._stages
+        settles = self._settles
         for i in range(len(tickets) - 1, -1, -1):
-            stages[i].fast_settle(tickets[i], exc)
+            settles[i](tickets[i], exc)
 
     async def afast_settle(
         self, tickets: list[Any], exc: BaseException | None
     ) -> None:
         """`fast_settle`, awaiting async listeners."""
-        stages = self._stages
+        asettles = self._asettles
         for i in range(len(tickets) - 1, -1, -1):
-            await stages[i].afast_settle(tickets[i], exc)
+            asettle = asettles[i]
+            if asettle is None:
+                self._settles[i](tickets[i], exc)
+            else:
+                await asettle(tickets[i], exc)
 
     def fast_drop(self, tickets: list[Any]) -> None:
         """Give the tickets taken back uncounted, innermost first."""
-        stages = self._stages
+        drops = self._drops
         for i in range(len(tickets) - 1, -1, -1):
-            stages[i].fast_drop(tickets[i])
+            drops[i](tickets[i])
 
 
 @final

@@ -147,10 +147,14 @@ class BreakerStage:
 class BulkheadStage:
     """A bulkhead as a stage: a slot per attempt."""
 
-    __slots__ = ("bulkhead",)
+    __slots__ = ("_release", "_take", "bulkhead")
 
     def __init__(self, bulkhead: Bulkhead) -> None:
         self.bulkhead = bulkhead
+        # The machine's own steps, bound once for the bare first attempt.
+        machine = bulkhead._machine  # noqa: SLF001
+        self._take = machine.take
+        self._release = machine.release
 
     def admit(self) -> BulkheadPermit:
         """A slot, or `BulkheadFull`."""
@@ -191,27 +195,26 @@ class BulkheadStage:
 
     def fast_admit(self) -> BulkheadPermit | None:
         """A slot if one is free now and nobody queues, or None."""
-        bulkhead = self.bulkhead
-        permit = Permit(bulkhead)
+        permit = Permit(self.bulkhead)
         # A permit lost to an exception before it is returned gives its
         # slot back when it is freed (see BulkheadMachine).
-        return permit if bulkhead._machine.take(permit) else None  # noqa: SLF001
+        return permit if self._take(permit) else None
 
     def fast_settle(
         self, ticket: BulkheadPermit, exc: BaseException | None
     ) -> None:
         """Free the slot."""
-        ticket.release()
+        self._release(ticket)
 
     async def afast_settle(
         self, ticket: BulkheadPermit, exc: BaseException | None
     ) -> None:
         """Free the slot (nothing to await)."""
-        ticket.release()
+        self._release(ticket)
 
     def fast_drop(self, ticket: BulkheadPermit) -> None:
         """Free the slot: the attempt will not run bare."""
-        ticket.release()
+        self._release(ticket)
 
 
 def _breaker_stage(name: str, config: Any) -> Stage:
