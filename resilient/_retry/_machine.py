@@ -225,10 +225,30 @@ class RetryMachine:
         """
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
-        if not isinstance(exc, Exception) or not (
-            own_timeout or self.is_transient(exc)
+        if not isinstance(exc, Exception):
+            return self._give_up("not_retryable", exc, None)
+        policy = self.policy
+        retry_on = policy.retry_on
+        if not (
+            own_timeout
+            # `is_transient`'s answer for a listed class, without its
+            # frames (the common case of a retry).
+            or (
+                type(retry_on) is tuple
+                and isinstance(exc, retry_on)
+                and not isinstance(exc, WrongShell)
+            )
+            or self.is_transient(exc)
         ):
             return self._give_up("not_retryable", exc, None)
+        if (
+            policy.retry_after is default_retry_after
+            and type(exc).__module__ == "builtins"
+            and not exc.__dict__
+        ):
+            # The default reader's own answer for a plain built-in
+            # exception (no hint), without its frames.
+            return self._next(exc, None, None)
         return self._next(exc, None, self._hint(exc))
 
     def _hint(self, exc: Exception) -> float | None:
