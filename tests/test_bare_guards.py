@@ -18,7 +18,7 @@ from resilient._breaker import breaker as get_breaker
 from resilient._bulkhead import get_bulkhead
 from resilient._core._config_breaker import BreakerConfig
 from resilient._core._config_bulkhead import BulkheadConfig
-from resilient._pipeline._guards import BareChain, Guards
+from resilient._pipeline._guards import BareChain, BreakerBulkhead, Guards
 from resilient._pipeline._stage import BreakerStage, BulkheadStage
 from resilient.exceptions import BulkheadFull
 from tests.conftest import Driver
@@ -42,11 +42,11 @@ def _policy(*, breaker: bool, max_waiting: int = 0) -> Policy:
 @pytest.mark.parametrize("breaker", [False, True], ids=["alone", "breaker"])
 def test_guards_of_fast_stages_run_bare(breaker: bool) -> None:
     """A bulkhead, alone or after a breaker, makes guards with a bare
-    admission: the stage itself, or a chain of both in order."""
+    admission: the stage itself, or the breaker-then-bulkhead pair."""
     guards = Guards.of(_policy(breaker=breaker))
     assert guards is not None
     if breaker:
-        assert isinstance(guards.bare, BareChain)
+        assert isinstance(guards.bare, BreakerBulkhead)
         kinds = [type(s) for s in guards.stages]
         assert kinds == [BreakerStage, BulkheadStage]
     else:
@@ -169,3 +169,30 @@ def test_a_chain_cut_off_gives_back_what_it_took() -> None:
     with pytest.raises(KeyboardInterrupt):
         chain.fast_admit()
     assert outer.bulkhead.statistics().in_use == 0
+
+
+def test_the_pair_frees_its_slot_when_dropped() -> None:
+    """The breaker-then-bulkhead pair gives its slot back uncounted when
+    the attempt will not run bare."""
+    guards = Guards.of(_policy(breaker=True))
+    assert guards is not None
+    pair = guards.bare
+    assert isinstance(pair, BreakerBulkhead)
+    tickets = pair.fast_admit()
+    assert tickets is not None
+    bh = get_bulkhead(guards.stages[1].bulkhead.name)  # type: ignore[attr-defined]
+    assert bh.statistics().in_use == 1
+    pair.fast_drop(tickets)
+    assert bh.statistics().in_use == 0
+
+
+def test_the_pair_takes_no_slot_from_an_open_breaker() -> None:
+    """An open breaker gives no closed ticket: the pair admits nothing and
+    takes no slot (the full path rejects)."""
+    policy = _policy(breaker=True)
+    guards = Guards.of(policy)
+    assert guards is not None
+    get_breaker(policy.name).force_open()
+    assert guards.bare is not None
+    assert guards.bare.fast_admit() is None
+    assert get_bulkhead(policy.name).statistics().in_use == 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
+from resilient._bulkhead import Permit
 from resilient._core import _registry
 from resilient._pipeline._stage import ORDER, BreakerStage, BulkheadStage
 from resilient._retry_budget import get_retry_budget
@@ -120,6 +121,64 @@ class BareChain:
 
 
 @final
+class BreakerBulkhead:
+    """
+    `BareChain` of a breaker then a bulkhead (the only two stages today),
+    unrolled: the bulkhead's slot taken and given back through its
+    machine directly, so the pair costs what the two cost alone.
+    """
+
+    __slots__ = (
+        "_admit",
+        "_asettle",
+        "_bulkhead",
+        "_release",
+        "_settle",
+        "_take",
+    )
+
+    def __init__(self, breaker: BreakerStage, bulkhead: BulkheadStage) -> None:
+        self._admit = breaker.breaker.fast_admit
+        self._settle = breaker.fast_settle
+        self._asettle = breaker.afast_settle
+        self._bulkhead = bulkhead.bulkhead
+        machine = bulkhead.bulkhead._machine  # noqa: SLF001
+        self._take = machine.take
+        self._release = machine.release
+
+    def fast_admit(self) -> tuple[Any, Any] | None:
+        """The breaker's closed ticket and a free slot, or None."""
+        ticket = self._admit()
+        if ticket is None:
+            return None
+        # A permit lost to an exception before it is returned gives its
+        # slot back when it is freed (see BulkheadMachine); a closed
+        # breaker's ticket holds nothing.
+        permit = Permit(self._bulkhead)
+        if not self._take(permit):
+            return None
+        return ticket, permit
+
+    def fast_settle(
+        self, tickets: tuple[Any, Any], exc: BaseException | None
+    ) -> None:
+        """Free the slot, then count the attempt."""
+        self._release(tickets[1])
+        self._settle(tickets[0], exc)
+
+    async def afast_settle(
+        self, tickets: tuple[Any, Any], exc: BaseException | None
+    ) -> None:
+        """`fast_settle`, awaiting the breaker's async listeners."""
+        self._release(tickets[1])
+        await self._asettle(tickets[0], exc)
+
+    def fast_drop(self, tickets: tuple[Any, Any]) -> None:
+        """Free the slot uncounted."""
+        self._release(tickets[1])
+
+
+@final
 class Guards:
     """
     The admission stages (in `ORDER`) and the retry budget of one policy.
@@ -164,6 +223,8 @@ class Guards:
             if not fast
             else stages[0]  # type: ignore[assignment]
             if len(stages) == 1
+            else BreakerBulkhead(*stages)  # type: ignore[arg-type]
+            if tuple(map(type, stages)) == (BreakerStage, BulkheadStage)
             else BareChain(stages)  # type: ignore[arg-type]
         )
 
