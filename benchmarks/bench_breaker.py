@@ -33,6 +33,7 @@ import contextlib
 import datetime as dt
 import functools
 import itertools
+import math
 import sys
 import threading
 import time
@@ -549,6 +550,36 @@ def _floors(group: str) -> str:
     return FLOOR
 
 
+def bulkhead_in_pipeline(
+    groups: dict[str, list[h.Row]], stat: str
+) -> list[str]:
+    """
+    What a bulkhead adds inside the pipeline (the policy with a bulkhead
+    minus the same policy without) beside what it costs on its own (the
+    decorator minus the undecorated call), per runtime, on *stat*.
+    """
+
+    def value(group: str, name: str) -> float:
+        for row in groups.get(group, []):
+            if row.name == name:
+                return row.min_ns if stat == "min" else row.median_ns
+        return math.nan
+
+    lines = [f"A bulkhead inside the pipeline vs on its own (ns, {stat})"]
+    for runtime in ("sync", "asyncio", "trio"):
+        pipe = f"{runtime} pipeline"
+        bh = f"{runtime} bulkhead"
+        inside = value(pipe, f"{PIPE_RES} + bulkhead") - value(pipe, PIPE_RES)
+        alone = value(bh, "resilient @bulkhead") - value(bh, BARE)
+        if math.isnan(inside) or math.isnan(alone):
+            continue
+        lines.append(
+            f"  {runtime}: adds {inside:,.0f} inside the pipeline, costs"
+            f" {alone:,.0f} alone ({inside / alone:.2f}x; want <= 1)"
+        )
+    return lines
+
+
 def concurrency(calls: int = 32, seconds: float = 0.1) -> None:
     """
     32 concurrent 100 ms calls through one closed breaker: with no lock
@@ -661,6 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     print("Configuration:")
     for note in NOTES + PIPE_NOTES:
         print(f"  - {note}")
+    print()
+    print("\n".join(bulkhead_in_pipeline(groups, settings.stat)))
     print()
     concurrency()
     print(f"\n(total {time.perf_counter() - started:.1f} s)")

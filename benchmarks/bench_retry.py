@@ -55,6 +55,7 @@ import trio
 
 import _harness as h
 import resilient
+from resilient._pipeline import _run
 
 
 T = TypeVar("T")
@@ -80,10 +81,14 @@ NOTES = (
     "floor: a for/try/except decorator; no sleep call, no checkpoint",
     (
         f"{RES}: Policy(name='bench', retry_on=ValueError,"
-        " backoff=Constant(seconds=0)); its 30 s budget makes each async"
-        " attempt run in an anyio CancelScope"
+        " backoff=Constant(seconds=0)); its 30 s budget arms each async"
+        " attempt's deadline: in the event loop's watchdog on asyncio, in"
+        " trio's own CancelScope on trio"
     ),
-    f"{RES_NB}: the same with budget=None, attempts={ATTEMPTS}: no scope",
+    (
+        f"{RES_NB}: the same with budget=None, attempts={ATTEMPTS}:"
+        " nothing armed"
+    ),
     (
         f"{RES_OTEL}: the default policy after configure_telemetry(SDK"
         " TracerProvider and MeterProvider, no span processor, no reader)"
@@ -351,6 +356,9 @@ class Counter:
         (anyio, "sleep", "anyio.sleep"),
         (anyio.lowlevel, "checkpoint", "checkpoint"),
         (trio, "sleep", "trio.sleep"),
+        # resilient's own zero-delay checkpoint (asyncio's bare yield or
+        # trio's checkpoint, not looked up through anyio).
+        (_run, "checkpoint", "resilient checkpoint"),
     )
 
     def __init__(self) -> None:
@@ -593,12 +601,14 @@ def targets(groups: dict[str, list[h.Row]]) -> list[str]:
                     at_least=1 / 3,
                 )
             )
+            # Issue 7 asks 5x of the async retry; sync keeps its 10x.
+            want = 10 if runtime == "sync" else 5
             found.append(
                 _verdict(
-                    f"{retry}: tenacity / {res}, per retry (want >= 10)",
+                    f"{retry}: tenacity / {res}, per retry (want >= {want})",
                     _value(groups, retry, "tenacity")
                     / _value(groups, retry, res),
-                    at_least=10,
+                    at_least=want,
                 )
             )
     lines = [f"Targets (on the {STAT['stat']}; PASS/MISS informs, not a test)"]

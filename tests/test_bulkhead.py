@@ -123,6 +123,49 @@ class TestMachine:
         assert bh._machine.enqueue(p, now, seconds, reason, wake) is None
         return p
 
+    def test_a_release_from_a_collected_cycle_counts_once(self) -> None:
+        """A held permit released by the finalizer of a generator collected
+        with it in a reference cycle (the collector clears the weak
+        reference first) gives its slot back once, not twice."""
+        bh = self.bulkhead(1)
+
+        def holder(box: list[object]) -> Iterator[None]:
+            permit = bh.acquire_nowait()
+            try:
+                yield
+            finally:
+                permit.release()
+
+        box: list[object] = []
+        gen = holder(box)
+        box.append(gen)
+        next(gen)
+        del gen, box
+        gc.collect()
+        stats = bh.statistics()
+        assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+        # The slot is free again, and only one.
+        again = bh.acquire_nowait()
+        with pytest.raises(BulkheadFull):
+            bh.acquire_nowait()
+        again.release()
+
+    def test_a_release_after_the_sweep_counts_nothing(self) -> None:
+        """A permit whose slot the sweep already gave back (its weak
+        reference died first, as while the collector runs its finalizer)
+        counts nothing when it is released too."""
+        bh = self.bulkhead(1)
+        permit = self.taken(bh)
+        m = bh._machine
+        # What `_sweep` does for a dead reference.
+        m._holders.discard(permit._ref)
+        m.in_use -= 1
+        m.released += 1
+        permit.release()
+        stats = bh.statistics()
+        assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+        assert permit.released
+
     def test_grants_until_full(self) -> None:
         """Free slots are taken at once; then take says no."""
         bh = self.bulkhead(2)
@@ -614,7 +657,9 @@ class TestCancellation:
 
         bh = bulkhead("db", max_concurrent=1, max_wait=None)
         held = bh.acquire()
-        monkeypatch.setattr("resilient._bulkhead.ThreadWaiter", Interrupted)
+        monkeypatch.setattr(
+            "resilient._bulkhead._shells.ThreadWaiter", Interrupted
+        )
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()
         held.release()
@@ -640,7 +685,7 @@ class TestCancellation:
                 self.woken = True
 
         monkeypatch.setattr(
-            "resilient._bulkhead.ThreadWaiter", GrantThenInterrupt
+            "resilient._bulkhead._shells.ThreadWaiter", GrantThenInterrupt
         )
         with pytest.raises(KeyboardInterrupt):
             bh.acquire()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final, final
 
-from resilient._pipeline._call import NO_SCOPE, Call, NoScope, timed_out
+from resilient._pipeline._call import NO_SCOPE, Call, timed_out
 from resilient._pipeline._flow import NEXT, READY, RUN, flow
 from resilient._pipeline._run import aperform, perform
 
@@ -27,8 +27,6 @@ from resilient._pipeline._run import aperform, perform
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterator
     from types import TracebackType
-
-    import anyio
 
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._flow import Flow
@@ -124,7 +122,7 @@ class Attempt:
         """The attempt's number: 1 is the first."""
         self._entered = False
         self._result: object = None
-        self._scope: anyio.CancelScope | NoScope = NO_SCOPE
+        self._scope: Any = NO_SCOPE
         self._at = float("inf")
 
     def __repr__(self) -> str:

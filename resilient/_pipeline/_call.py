@@ -14,12 +14,11 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Final, final
 
-import anyio
-
 from resilient._core import _clock, _state
 from resilient._core._decisions import GiveUp, Retry
 from resilient._core._telemetry import recorder
 from resilient._retry._machine import RetryMachine, note
+from resilient._timeout._watchdog import AttemptDeadline
 from resilient.exceptions import DeadlineExceeded
 
 
@@ -139,7 +138,10 @@ class Call:
 
     def end_attempt(self, exc: BaseException | None) -> None:
         """Undo `start_attempt`; end the span, recording *exc*."""
-        self.exit_deadline()
+        # `exit_deadline`, inline: one frame less per attempt.
+        token, self._token = self._token, None
+        if token is not None:
+            _DEADLINE.reset(token)
         if self._rec is not None:
             self._rec.attempt_ended(exc)
 
@@ -211,12 +213,13 @@ class Call:
         self.exit_deadline()
         self.finish(exc)
 
-    def cancel_scope(self, at: float) -> anyio.CancelScope | NoScope:
-        """A cancel scope for async work ending at *at* (our clock)."""
+    def cancel_scope(self, at: float) -> Any:
+        """A deadline for async work ending at *at* (our clock): the
+        loop's watchdog on asyncio, trio's own cancel scope on trio
+        (`resilient._timeout._watchdog`), nothing when unbounded."""
         if at == math.inf:
             return NO_SCOPE
-        left = at - self.clock.now()
-        return anyio.CancelScope(deadline=anyio.current_time() + left)
+        return AttemptDeadline(at - self.clock.now())
 
 
 def _note_once(exc: BaseException, text: str) -> None:

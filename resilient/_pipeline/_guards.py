@@ -9,17 +9,173 @@ next call (one int compare per call).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
+from resilient._bulkhead import Permit
 from resilient._core import _registry
-from resilient._pipeline._stage import ORDER, BreakerStage
+from resilient._pipeline._stage import ORDER, BreakerStage, BulkheadStage
 from resilient._retry_budget import get_retry_budget
 
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._stage import Stage
     from resilient._retry_budget import RetryBudget
+
+
+class FastStage(Protocol):
+    """
+    Admission for the bare first attempt: a ticket when the stage admits
+    at once without its full path (no queueing, no permit machinery), or
+    None to take the full path.
+    """
+
+    def fast_admit(self) -> Any:
+        """A ticket, or None."""
+
+    def fast_settle(self, ticket: Any, exc: BaseException | None) -> None:
+        """The bare attempt ended: count it, free what the ticket holds."""
+
+    async def afast_settle(
+        self, ticket: Any, exc: BaseException | None
+    ) -> None:
+        """`fast_settle` from async code; never awaits while cancelled."""
+
+    def fast_drop(self, ticket: Any) -> None:
+        """Give the ticket back uncounted: the attempt will not run bare."""
+
+
+# The stages that have a fast admission.
+_FAST: Final = (BreakerStage, BulkheadStage)
+
+
+@final
+class BareChain:
+    """
+    Several fast stages in `ORDER`, admitted outermost first and settled
+    innermost first, as one: a breaker and a bulkhead cost their own fast
+    admissions, not the flow's. The stages' methods are bound once (a
+    breaker's own ``fast_admit``, without its stage's frame).
+    """
+
+    __slots__ = ("_admits", "_asettles", "_drops", "_settles")
+
+    def __init__(self, stages: tuple[FastStage, ...]) -> None:
+        self._admits: tuple[Callable[[], Any], ...] = tuple(
+            s.breaker.fast_admit if type(s) is BreakerStage else s.fast_admit
+            for s in stages
+        )
+        self._settles = tuple(s.fast_settle for s in stages)
+        # None: the stage's settle never awaits (a bulkhead's release), so
+        # it is called, not awaited (no coroutine made).
+        self._asettles: tuple[
+            Callable[[Any, BaseException | None], Awaitable[None]] | None, ...
+        ] = tuple(
+            None if type(s) is BulkheadStage else s.afast_settle
+            for s in stages
+        )
+        self._drops = tuple(s.fast_drop for s in stages)
+
+    def fast_admit(self) -> list[Any] | None:
+        """Every stage's ticket, or None (those taken given back)."""
+        tickets: list[Any] = []
+        try:
+            for admit in self._admits:
+                ticket = admit()
+                if ticket is None:
+                    self.fast_drop(tickets)
+                    return None
+                tickets.append(ticket)
+        except BaseException:
+            self.fast_drop(tickets)
+            raise
+        return tickets
+
+    def fast_settle(
+        self, tickets: list[Any], exc: BaseException | None
+    ) -> None:
+        """Settle every ticket, innermost first."""
+        settles = self._settles
+        for i in range(len(tickets) - 1, -1, -1):
+            settles[i](tickets[i], exc)
+
+    async def afast_settle(
+        self, tickets: list[Any], exc: BaseException | None
+    ) -> None:
+        """`fast_settle`, awaiting async listeners."""
+        asettles = self._asettles
+        for i in range(len(tickets) - 1, -1, -1):
+            asettle = asettles[i]
+            if asettle is None:
+                self._settles[i](tickets[i], exc)
+            else:
+                await asettle(tickets[i], exc)
+
+    def fast_drop(self, tickets: list[Any]) -> None:
+        """Give the tickets taken back uncounted, innermost first."""
+        drops = self._drops
+        for i in range(len(tickets) - 1, -1, -1):
+            drops[i](tickets[i])
+
+
+@final
+class BreakerBulkhead:
+    """
+    `BareChain` of a breaker then a bulkhead (the only two stages today),
+    unrolled: the bulkhead's slot taken and given back through its
+    machine directly, so the pair costs what the two cost alone.
+    """
+
+    __slots__ = (
+        "_admit",
+        "_asettle",
+        "_bulkhead",
+        "_release",
+        "_settle",
+        "_take",
+    )
+
+    def __init__(self, breaker: BreakerStage, bulkhead: BulkheadStage) -> None:
+        self._admit = breaker.breaker.fast_admit
+        self._settle = breaker.fast_settle
+        self._asettle = breaker.afast_settle
+        self._bulkhead = bulkhead.bulkhead
+        machine = bulkhead.bulkhead._machine  # noqa: SLF001
+        self._take = machine.take
+        self._release = machine.release
+
+    def fast_admit(self) -> tuple[Any, Any] | None:
+        """The breaker's closed ticket and a free slot, or None."""
+        ticket = self._admit()
+        if ticket is None:
+            return None
+        # A permit lost to an exception before it is returned gives its
+        # slot back when it is freed (see BulkheadMachine); a closed
+        # breaker's ticket holds nothing.
+        permit = Permit(self._bulkhead)
+        if not self._take(permit):
+            return None
+        return ticket, permit
+
+    def fast_settle(
+        self, tickets: tuple[Any, Any], exc: BaseException | None
+    ) -> None:
+        """Free the slot, then count the attempt."""
+        self._release(tickets[1])
+        self._settle(tickets[0], exc)
+
+    async def afast_settle(
+        self, tickets: tuple[Any, Any], exc: BaseException | None
+    ) -> None:
+        """`fast_settle`, awaiting the breaker's async listeners."""
+        self._release(tickets[1])
+        await self._asettle(tickets[0], exc)
+
+    def fast_drop(self, tickets: tuple[Any, Any]) -> None:
+        """Free the slot uncounted."""
+        self._release(tickets[1])
 
 
 @final
@@ -36,9 +192,10 @@ class Guards:
         """The registry generation the parts were looked up in."""
         self.stages: tuple[Stage, ...] = ()
         self.budget: RetryBudget | None = None
-        self.bare: BreakerStage | None = None
-        """The only guard when it is a breaker: while it is closed, a first
-        attempt runs bare."""
+        self.bare: FastStage | None = None
+        """The guards when each can admit without waiting (a closed
+        breaker, a bulkhead with a free slot): then a first attempt runs
+        bare, through `FastStage.fast_admit`."""
         self.look_up()
 
     def look_up(self) -> None:
@@ -55,11 +212,20 @@ class Guards:
             if policy.retry_budget is None
             else get_retry_budget(policy.name, policy.retry_budget)
         )
-        only = self.stages[0] if len(self.stages) == 1 else None
+        stages = self.stages
+        fast = (
+            bool(stages)
+            and self.budget is None
+            and all(type(s) in _FAST for s in stages)
+        )
         self.bare = (
-            only
-            if type(only) is BreakerStage and self.budget is None
-            else None
+            None
+            if not fast
+            else stages[0]  # type: ignore[assignment]
+            if len(stages) == 1
+            else BreakerBulkhead(*stages)  # type: ignore[arg-type]
+            if tuple(map(type, stages)) == (BreakerStage, BulkheadStage)
+            else BareChain(stages)  # type: ignore[arg-type]
         )
 
     def fresh(self) -> Guards:

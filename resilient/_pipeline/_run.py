@@ -4,19 +4,20 @@ attempt in front of them.
 
 Most calls succeed at once: a first attempt with no attempt timeout, no
 result predicate and no telemetry runs bare, with only the call's deadline
-in the context (and, through a closed breaker, counted without a permit);
-the call's state and the flow are made only when it fails, and the flow
-starts from that failure.
+in the context (in async code, armed in the loop's deadline watchdog:
+`resilient._timeout._watchdog`), through guards that admit it at once (a
+closed breaker counts it without a permit, a bulkhead with a free slot
+takes it without queueing: `Guards.bare`); the call's state and the flow
+are made only when it fails, and the flow starts from that failure.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import time
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
-
-import anyio.lowlevel
 
 from resilient._core import _clock, _registry
 from resilient._core._loops import refuse_blocking
@@ -38,6 +39,7 @@ from resilient._pipeline._flow import (
     flow,
 )
 from resilient._retry._machine import WrongShell
+from resilient._timeout._watchdog import FIRED, TASK, arm, checkpoint, disarm
 
 
 if TYPE_CHECKING:
@@ -49,14 +51,16 @@ if TYPE_CHECKING:
 
 
 _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
+_DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
+_monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
 
 
 def bare_ok(policy: RetrySettings) -> bool:
     """
     Whether a first attempt can run bare: no attempt timeout, no result
-    predicate, no telemetry. (Of the guards, only a closed breaker keeps
-    it bare.)
+    predicate, no telemetry. (The guards keep it bare while they admit it
+    at once: `Guards.bare`.)
     """
     return (
         policy.timeout is None
@@ -113,7 +117,7 @@ async def aperform(call: Call, op: int, arg: Any) -> Any:
         if seconds > 0:
             await call.clock.asleep(seconds)
         else:
-            await anyio.lowlevel.checkpoint()
+            await checkpoint()
     elif op == HOOK:
         # Hooks are bounded by the call's deadline (docs/retry.md).
         with call.cancel_scope(call.deadline):
@@ -158,7 +162,7 @@ def drive(
             thrown = exc
 
 
-async def adrive(
+async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine frame less
     call: Call,
     gen: Flow,
     fn: Callable[..., Any],
@@ -177,16 +181,40 @@ async def adrive(
                 thrown = None
         except StopIteration as stop:
             return stop.value
-        if op == RUN:
+        if op == SLEEP and arg[0] <= 0:
+            # A zero wait, inline: a checkpoint, and no aperform frame.
             try:
-                with call.cancel_scope(arg) as scope:
-                    result = await fn(*args, **kwargs)
-                if scope.cancelled_caught:
-                    raise timed_out(arg)  # noqa: TRY301
+                await checkpoint()
             except BaseException as exc:  # noqa: BLE001 - the flow decides
-                sent = (exc, None)
+                thrown = exc
             else:
-                sent = (None, result)
+                sent = None
+            continue
+        if op == RUN:
+            if arg == math.inf:
+                # No deadline: nothing to arm.
+                try:
+                    result = await fn(*args, **kwargs)
+                except BaseException as exc:  # noqa: BLE001 - the flow decides
+                    sent = (exc, None)
+                else:
+                    sent = (None, result)
+                continue
+            clock = call.clock
+            now = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
+            armed = arm(arg - now)
+            try:
+                result = await fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                failed: BaseException | None = exc
+            else:
+                failed = None
+            try:
+                if disarm(armed, failed):
+                    failed = timed_out(arg)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                failed = exc
+            sent = (None, result) if failed is None else (failed, None)
             continue
         try:
             sent = await aperform(call, op, arg)
@@ -239,50 +267,70 @@ def call_sync(  # noqa: C901 - the bare first attempt, inline for speed
     return drive(call, flow(call), fn, args, kwargs)
 
 
-async def call_async(
+async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
     policy: RetrySettings,
     guards: Guards | None,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
-    """A call through *policy*, async: the bare first attempt when no
-    deadline needs a cancel scope, then the flow."""
+    """A call through *policy*, async: the bare first attempt (under the
+    loop's deadline watchdog when it has a deadline), then the flow."""
     # The registries were reset: look the parts up again (one int compare
     # per call; the module global, not a call of generation()).
     if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001
         guards.look_up()
-    if (
-        policy.budget is None
-        and bare_ok(policy)
-        and _DEADLINE.get() == math.inf
+    if (  # bare_ok(policy), inline: one Python frame less per call
+        policy.timeout is None
+        and policy.retry_if_result is None
+        and disabled()
     ):
         bare = None if guards is None else guards.bare
-        if guards is None:
-            # Inline, not a helper: one coroutine frame less per call.
-            start = _clock._clock.now()  # noqa: SLF001
-            try:
-                return await fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - the flow decides
-                call = Call(policy, None, start, math.inf)
-                gen = flow(call, exc)
-            return await adrive(call, gen, fn, args, kwargs)
-        if bare is not None:
-            ticket = bare.fast_admit()
-            if ticket is not None:
-                start = _clock._clock.now()  # noqa: SLF001
+        if guards is None or bare is not None:
+            # Inline, not helpers: one coroutine frame less per call (and
+            # the default clock read without its method).
+            clock = _clock._clock  # noqa: SLF001
+            start = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
+            outer = at = _DEADLINE.get()
+            budget = policy.budget
+            if budget is not None and start + budget < outer:
+                at = start + budget
+            if at == math.inf and bare is None:
+                # No deadline: nothing to arm.
                 try:
-                    result = await fn(*args, **kwargs)
-                except BaseException as exc:
-                    await bare.afast_settle(ticket, exc)
-                    if not isinstance(exc, Exception):
-                        raise
-                    call = Call(policy, guards, start, math.inf)
+                    return await fn(*args, **kwargs)
+                except Exception as exc:  # noqa: BLE001 - the flow decides
+                    call = Call(policy, None, start, outer)
                     gen = flow(call, exc)
-                else:
-                    await bare.afast_settle(ticket, None)
-                    return result
                 return await adrive(call, gen, fn, args, kwargs)
+            ticket = None if bare is None else bare.fast_admit()
+            if bare is None or ticket is not None:
+                token = _DEADLINE.set(at)
+                try:
+                    armed = None if at == math.inf else arm(at - start)
+                    try:
+                        result = await fn(*args, **kwargs)
+                    except BaseException as exc:  # noqa: BLE001 - settled first
+                        failed: BaseException | None = exc
+                    else:
+                        failed = None
+                    try:
+                        if type(armed) is list and not armed[FIRED]:
+                            armed[TASK] = None  # disarm(), inline: not fired
+                        elif armed is not None and disarm(armed, failed):
+                            failed = timed_out(at)
+                    except BaseException as exc:  # noqa: BLE001 - settled first
+                        failed = exc
+                finally:
+                    _DEADLINE.reset(token)
+                if ticket is not None:
+                    await bare.afast_settle(ticket, failed)  # type: ignore[union-attr]
+                if failed is None:
+                    return result
+                if not isinstance(failed, Exception):
+                    raise failed
+                call = Call(policy, guards, start, outer)
+                return await adrive(call, flow(call, failed), fn, args, kwargs)
     call = Call(policy, guards)
     return await adrive(call, flow(call), fn, args, kwargs)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from resilient._breaker import SUCCESS, attempt_outcome
 from resilient._breaker import breaker as get_breaker
-from resilient._bulkhead import get_bulkhead
+from resilient._bulkhead import Permit, get_bulkhead
 
 
 if TYPE_CHECKING:
@@ -139,15 +139,22 @@ class BreakerStage:
         )
         await cb._asettle_closed(*ticket, outcome)  # noqa: SLF001
 
+    def fast_drop(self, ticket: tuple[int, float]) -> None:
+        """Nothing to give back: a closed ticket holds nothing."""
+
 
 @final
 class BulkheadStage:
     """A bulkhead as a stage: a slot per attempt."""
 
-    __slots__ = ("bulkhead",)
+    __slots__ = ("_release", "_take", "bulkhead")
 
     def __init__(self, bulkhead: Bulkhead) -> None:
         self.bulkhead = bulkhead
+        # The machine's own steps, bound once for the bare first attempt.
+        machine = bulkhead._machine  # noqa: SLF001
+        self._take = machine.take
+        self._release = machine.release
 
     def admit(self) -> BulkheadPermit:
         """A slot, or `BulkheadFull`."""
@@ -182,6 +189,32 @@ class BulkheadStage:
     def retry_after(self) -> float:
         """A bulkhead cannot tell when a slot frees: 0."""
         return 0.0
+
+    # The bare first attempt: a free slot taken without queueing (the
+    # standalone decorator's cost); None takes the full path, which queues.
+
+    def fast_admit(self) -> BulkheadPermit | None:
+        """A slot if one is free now and nobody queues, or None."""
+        permit = Permit(self.bulkhead)
+        # A permit lost to an exception before it is returned gives its
+        # slot back when it is freed (see BulkheadMachine).
+        return permit if self._take(permit) else None
+
+    def fast_settle(
+        self, ticket: BulkheadPermit, exc: BaseException | None
+    ) -> None:
+        """Free the slot."""
+        self._release(ticket)
+
+    async def afast_settle(
+        self, ticket: BulkheadPermit, exc: BaseException | None
+    ) -> None:
+        """Free the slot (nothing to await)."""
+        self._release(ticket)
+
+    def fast_drop(self, ticket: BulkheadPermit) -> None:
+        """Free the slot: the attempt will not run bare."""
+        self._release(ticket)
 
 
 def _breaker_stage(name: str, config: Any) -> Stage:

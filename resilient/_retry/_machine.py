@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core import _settings, _state
+from resilient._core._clock import MonotonicClock
 from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
 from resilient._core._hints import default_retry_after
 from resilient._core._transient import http_status
@@ -30,6 +32,38 @@ if TYPE_CHECKING:
 
 
 log: Final = logging.getLogger("resilient")
+
+
+# The machine's records made without attrs' frozen __init__ (one
+# object.__setattr__ call per field, about half the cost of a retry's
+# bookkeeping): each field stored through its slot descriptor, once, on a
+# new object; the records are as frozen as attrs makes them.
+_new: Final = object.__new__
+_EVENT_SLOTS: Final = tuple(
+    RetryEvent.__dict__[name].__set__
+    for name in (
+        "policy",
+        "attempt",
+        "elapsed",
+        "delay",
+        "exception",
+        "result",
+        "reason",
+    )
+)
+_RETRY_SLOTS: Final = tuple(
+    Retry.__dict__[name].__set__ for name in ("delay", "event")
+)
+
+
+def _retry(delay: float, event: RetryEvent) -> Retry:
+    """``Retry(delay, event)``, made faster (see `_EVENT_SLOTS`)."""
+    step = _new(Retry)
+    set_delay, set_event = _RETRY_SLOTS
+    set_delay(step, delay)
+    set_event(step, event)
+    return step
+
 
 # What the machine reads of a policy (imported for the protocol's sake: it
 # is the API this layer is written against).
@@ -76,6 +110,7 @@ class RetryMachine:
     __slots__ = (
         "_budget_end",
         "_max_attempts",
+        "_now",
         "_previous",
         "_rejections",
         "_testing",
@@ -108,6 +143,10 @@ class RetryMachine:
             admission_wait if admission_wait is not None else breaker_wait
         )
         self.clock = clock
+        # The real clock read without its method (a frame less per read).
+        self._now: Callable[[], float] = (
+            time.monotonic if type(clock) is MonotonicClock else clock.now
+        )
         self.rng = rng
         self.start = start
         self._budget_end = (
@@ -132,7 +171,7 @@ class RetryMachine:
         timeout = self.policy.timeout
         if timeout is None:
             return self.deadline
-        return min(self.deadline, self.clock.now() + timeout)
+        return min(self.deadline, self._now() + timeout)
 
     def is_transient(self, exc: Exception) -> bool:
         """
@@ -186,10 +225,30 @@ class RetryMachine:
         """
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
-        if not isinstance(exc, Exception) or not (
-            own_timeout or self.is_transient(exc)
+        if not isinstance(exc, Exception):
+            return self._give_up("not_retryable", exc, None)
+        policy = self.policy
+        retry_on = policy.retry_on
+        if not (
+            own_timeout
+            # `is_transient`'s answer for a listed class, without its
+            # frames (the common case of a retry).
+            or (
+                type(retry_on) is tuple
+                and isinstance(exc, retry_on)
+                and not isinstance(exc, WrongShell)
+            )
+            or self.is_transient(exc)
         ):
             return self._give_up("not_retryable", exc, None)
+        if (
+            policy.retry_after is default_retry_after
+            and type(exc).__module__ == "builtins"
+            and not exc.__dict__
+        ):
+            # The default reader's own answer for a plain built-in
+            # exception (no hint), without its frames.
+            return self._next(exc, None, None)
         return self._next(exc, None, self._hint(exc))
 
     def _hint(self, exc: Exception) -> float | None:
@@ -238,11 +297,11 @@ class RetryMachine:
         if backoff is None:
             return self._give_up("backoff_error", exc, None)
         wait = spread + backoff
-        now = self.clock.now()
+        now = self._now()
         if now + wait >= self.deadline:
             return self._give_up(reason, exc, None)
         self.wake = now + wait
-        return Retry(wait, self._event(exc, None, wait, None))
+        return _retry(wait, self._event(exc, None, wait, None))
 
     def _spread(self, wait: float) -> float:
         """
@@ -335,7 +394,7 @@ class RetryMachine:
                 delay, blocked = self._spread(wait) + delay, True
         # Never start a wait that ends at or past the deadline: the attempt
         # after it would have no time left.
-        now = self.clock.now()
+        now = self._now()
         if now + delay >= self.deadline:
             return self._give_up(
                 "breaker_open" if blocked else self._late(), exc, result
@@ -347,7 +406,7 @@ class RetryMachine:
         self._previous = delay
         self.attempt += 1
         self.wake = now + delay
-        return Retry(delay, event)
+        return _retry(delay, event)
 
     def _late(self) -> GiveUpReason:
         return "budget" if self.deadline == self._budget_end else "deadline"
@@ -358,7 +417,7 @@ class RetryMachine:
         hook's time is part of the wait; when the hook ran to or past the
         deadline, give up instead of starting an attempt with no time.
         """
-        now = self.clock.now()
+        now = self._now()
         if now >= self.deadline:
             event = step.event
             return self._give_up(self._late(), event.exception, event.result)
@@ -376,15 +435,18 @@ class RetryMachine:
         delay: float | None,
         reason: GiveUpReason | None,
     ) -> RetryEvent:
-        return RetryEvent(
-            policy=self.policy.name,
-            attempt=self.attempt,
-            elapsed=self.clock.now() - self.start,
-            delay=delay,
-            exception=exc,
-            result=result,
-            reason=reason,
+        event = _new(RetryEvent)
+        policy, attempt, elapsed, delay_, exception, result_, reason_ = (
+            _EVENT_SLOTS
         )
+        policy(event, self.policy.name)
+        attempt(event, self.attempt)
+        elapsed(event, self._now() - self.start)
+        delay_(event, delay)
+        exception(event, exc)
+        result_(event, result)
+        reason_(event, reason)
+        return event
 
 
 def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:

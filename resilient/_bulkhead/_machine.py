@@ -1,0 +1,430 @@
+"""
+The machine of a bulkhead and its permits: the slots, the FIFO queue and
+the counts behind one short lock, with no waiting and no I/O (see the
+package's docstring for how every step survives an asynchronous
+exception).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import weakref
+from typing import TYPE_CHECKING, Final, Literal, final
+
+import attrs
+
+from resilient._core import _entered
+
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from types import TracebackType
+
+    from resilient._bulkhead._shells import Bulkhead
+    from resilient._core._config_bulkhead import BulkheadConfig
+
+
+RejectReason = Literal["full", "queue_full", "timeout", "deadline"]
+
+RECHECK: Final = 1.0
+"""Longest a waiter blocks, in real seconds, before it looks at its permit
+again even if nobody woke it (a grant whose wake-up an asynchronous
+exception cut off is found this way)."""
+
+# The states of a permit; changed only under the machine's lock (a permit
+# nobody else can reach is read without it).
+_PENDING: Final = 0  # made, no slot taken yet
+_WAITING: Final = 1  # in the queue
+_HELD: Final = 2  # holds a slot (taken, or granted while queued)
+_RELEASED: Final = 3  # gave it back, or never got one
+
+
+@final
+@attrs.frozen
+class BulkheadStatistics:
+    """
+    A consistent snapshot of one bulkhead, taken under its lock.
+
+    At every instant ``acquired == released + in_use``, and every request so
+    far is counted once in ``acquired + rejected + cancelled + waiting``.
+
+    Attributes:
+        name: The bulkhead's name.
+        max_concurrent: Its number of slots.
+        max_waiting: How many callers may queue.
+        in_use: Permits held now.
+        waiting: Callers queued now.
+        acquired: Permits granted so far.
+        released: Permits given back so far (a waiter cancelled just after
+            its grant counts as acquired and released).
+        rejected: `BulkheadFull` errors raised so far, timeouts included.
+        timed_out: Of those, the ones raised after waiting (``"timeout"``
+            and ``"deadline"`` once queued).
+        cancelled: Waiters cancelled or interrupted before their grant.
+    """
+
+    name: str
+    max_concurrent: int
+    max_waiting: int
+    in_use: int
+    waiting: int
+    acquired: int
+    released: int
+    rejected: int
+    timed_out: int
+    cancelled: int
+
+
+@final
+class BulkheadPermit:
+    """
+    One slot of a bulkhead, held until `release`.
+
+    Also a context manager that releases on exit::
+
+        with bulkhead.acquire():
+            ...
+
+    A permit dropped without `release` gives its slot back when it is
+    freed, like a file that is closed when collected; do not rely on it
+    (release it, or use ``with``), but no exception can leak a slot.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_bulkhead",
+        "_deadline",
+        "_reason",
+        "_ref",
+        "_since",
+        "_state",
+        "_wake",
+    )
+
+    _bulkhead: Bulkhead
+    _ref: weakref.ref[BulkheadPermit]
+    _state: int
+    _wake: Callable[[], object]
+    _since: float
+    _deadline: float
+    _reason: RejectReason
+
+    def __init__(self, bulkhead: Bulkhead) -> None:
+        # The permit keeps its bulkhead alive, so the registry finds the
+        # same bulkhead by name while any slot of it is held or awaited.
+        self._bulkhead = bulkhead
+        self._state = _PENDING
+
+    @property
+    def released(self) -> bool:
+        """Whether the slot was given back (or never taken)."""
+        return self._state == _RELEASED
+
+    def release(self) -> None:
+        """
+        Give the slot back, to the first waiter if any. Idempotent; also
+        takes a queued permit out of the queue.
+        """
+        self._bulkhead._machine.release(self)  # noqa: SLF001
+
+    def __enter__(self) -> BulkheadPermit:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._bulkhead._machine.release(self)  # noqa: SLF001
+
+    def _exit_block(self, *exc: object) -> None:
+        """The exit of the ``with bulkhead:`` block this permit is for."""
+        if self._state == _PENDING:
+            # Never entered: a direct ``bulkhead.__exit__()`` call.
+            _class_exit(self._bulkhead)
+            return
+        self._bulkhead._machine.release(self)  # noqa: SLF001
+
+    async def _aexit_block(self, *exc: object) -> None:
+        """The exit of the ``async with bulkhead:`` block (never awaits)."""
+        self._exit_block()
+
+    def __repr__(self) -> str:
+        state = ("pending", "waiting", "held", "released")[self._state]
+        return f"<BulkheadPermit of {self._bulkhead.name!r}, {state}>"
+
+
+@final
+class BulkheadMachine:
+    """
+    The slots and the wait queue of one bulkhead, and nothing else.
+
+    Every method takes the lock for a few attribute updates and never
+    blocks; time comes in as arguments. Shared by threads and tasks alike.
+
+    Each held permit is in `_holders` (as a weak reference) from the step
+    that grants it to the step that releases it, so a permit freed while
+    held shows up as a dead reference: `_sweep` gives its slot back. No
+    finalizer runs Python code (one would swallow an asynchronous exception
+    that landed in it, and could not take the lock safely).
+
+    Args:
+        name: The bulkhead's name.
+        config: Its configuration.
+    """
+
+    __slots__ = (
+        "_holders",
+        "_limit",
+        "_lock",
+        "_max_waiting",
+        "_waiters",
+        "acquired",
+        "cancelled",
+        "config",
+        "in_use",
+        "name",
+        "rejected",
+        "released",
+        "timed_out",
+    )
+
+    def __init__(self, name: str, config: BulkheadConfig) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._waiters: collections.deque[BulkheadPermit] = collections.deque()
+        self._holders: set[weakref.ref[BulkheadPermit]] = set()
+        self.configure(config)
+        self.in_use = 0
+        self.acquired = 0
+        self.released = 0
+        self.rejected = 0
+        self.timed_out = 0
+        self.cancelled = 0
+
+    def configure(self, config: BulkheadConfig) -> None:
+        """Take *config*'s limits (on a machine that has seen no work)."""
+        self.config = config
+        self._limit = config.max_concurrent
+        self._max_waiting = config.max_waiting
+
+    # Every grant below is written the same way: the weak reference is made
+    # first (a call), then it, the state and the counts are stored on the
+    # permit and the machine with no call in between, then the reference is
+    # added (a call, after which the state is consistent again).
+
+    def take(self, permit: BulkheadPermit) -> bool:
+        """Give *permit* a free slot if there is one and nobody queues."""
+        with self._lock:
+            if self.in_use < self._limit and not self._waiters:
+                ref = weakref.ref(permit)
+                permit._ref = ref  # noqa: SLF001
+                permit._state = _HELD  # noqa: SLF001
+                self.in_use += 1
+                self.acquired += 1
+                self._holders.add(ref)
+                return True
+            return False
+
+    def enqueue(
+        self,
+        permit: BulkheadPermit,
+        now: float,
+        seconds: float,
+        reason: RejectReason,
+        wake: Callable[[], object],
+    ) -> RejectReason | None:
+        """
+        Give *permit* a free slot or queue it (None: look at its state), or
+        refuse (why).
+
+        Args:
+            permit: A permit that holds nothing yet.
+            now: The time on the clock.
+            seconds: How long the caller may wait; 0 or less never queues.
+            reason: What ends the wait if it runs out: ``"timeout"`` or
+                ``"deadline"``.
+            wake: Called, under the lock and from any thread, when the
+                permit is granted a slot; must not block.
+        """
+        with self._lock:
+            self._sweep()
+            if self.in_use < self._limit and not self._waiters:
+                ref = weakref.ref(permit)
+                permit._ref = ref  # noqa: SLF001
+                permit._state = _HELD  # noqa: SLF001
+                self.in_use += 1
+                self.acquired += 1
+                self._holders.add(ref)
+                return None
+            if seconds <= 0:
+                self.rejected += 1
+                return "full" if reason == "timeout" else reason
+            if len(self._waiters) >= self._max_waiting:
+                self.rejected += 1
+                return "queue_full"
+            permit._wake = wake  # noqa: SLF001
+            permit._since = now  # noqa: SLF001
+            permit._deadline = now + seconds  # noqa: SLF001
+            permit._reason = reason  # noqa: SLF001
+            permit._state = _WAITING  # noqa: SLF001
+            self._waiters.append(permit)
+            return None
+
+    def settle(
+        self, permit: BulkheadPermit, now: float
+    ) -> bool | RejectReason:
+        """
+        After a wake-up: granted (True), still waiting (False), or out of
+        time (why; the permit leaves the queue).
+        """
+        with self._lock:
+            self._sweep()
+            state = permit._state  # noqa: SLF001
+            if state == _HELD:
+                return True
+            if state == _WAITING:
+                if now < permit._deadline:  # noqa: SLF001
+                    return False
+                permit._state = _RELEASED  # noqa: SLF001
+                self.rejected += 1
+                self.timed_out += 1
+                self._waiters.remove(permit)
+                return permit._reason  # noqa: SLF001
+            return False
+
+    def release(self, permit: BulkheadPermit) -> None:
+        """
+        Give back *permit*'s slot (to the first waiter), take it out of the
+        queue, or nothing if it holds nothing; idempotent.
+        """
+        with self._lock:
+            state = permit._state  # noqa: SLF001
+            if state == _HELD:
+                # The reference made at the grant, not a new one: the
+                # collector clears a permit's weak references before it runs
+                # the finalizer that may release it (a generator collected
+                # in a cycle), and a dead reference equals only itself.
+                ref = permit._ref  # noqa: SLF001
+                permit._state = _RELEASED  # noqa: SLF001
+                if ref in self._holders:  # Not given back by `_sweep` yet.
+                    self.released += 1
+                    self.in_use -= 1
+                    self._holders.discard(ref)
+                self._serve()
+            elif state == _WAITING:
+                permit._state = _RELEASED  # noqa: SLF001
+                self.cancelled += 1
+                self._waiters.remove(permit)
+            else:
+                permit._state = _RELEASED  # noqa: SLF001
+
+    # ``abandon`` is what a waiter that is cancelled or interrupted does:
+    # the same as a release, whatever state it reached.
+    abandon = release
+
+    def _sweep(self) -> None:
+        """
+        Give back the slots of permits freed while held, and serve the
+        queue (a release an exception cut off before it served). Locked.
+        """
+        holders = self._holders
+        dead = [ref for ref in holders if ref() is None]
+        for ref in dead:
+            self.released += 1
+            self.in_use -= 1
+            holders.discard(ref)
+        self._serve()
+
+    def _serve(self) -> None:
+        """Grant free slots to the first waiters, in order. Locked."""
+        waiters = self._waiters
+        while waiters:
+            permit = waiters[0]
+            if permit._state != _WAITING:  # noqa: SLF001
+                # A grant cut off before it left the queue, then released.
+                waiters.popleft()
+                continue
+            if self.in_use >= self._limit:
+                return
+            ref = weakref.ref(permit)
+            permit._ref = ref  # noqa: SLF001
+            permit._state = _HELD  # noqa: SLF001
+            self.in_use += 1
+            self.acquired += 1
+            self._holders.add(ref)
+            waiters.popleft()
+            try:
+                permit._wake()  # noqa: SLF001
+            except Exception:  # noqa: BLE001
+                # The waiter's event loop is gone: it will never take the
+                # slot, so it goes to the next one.
+                permit._state = _RELEASED  # noqa: SLF001
+                self.in_use -= 1
+                self.released += 1
+                self._holders.discard(ref)
+
+    def reset(self) -> None:
+        """
+        Zero the counts (for `resilient.testing.reset_registries`), keeping
+        the slots that are held and the callers that queue: a reset never
+        lets more than ``max_concurrent`` calls in, old holders included.
+        """
+        with self._lock:
+            self._sweep()
+            self.acquired = self.in_use
+            self.released = 0
+            self.rejected = 0
+            self.timed_out = 0
+            self.cancelled = 0
+
+    def is_idle(self) -> bool:
+        """No slot held and nobody waiting, and no work seen."""
+        return self.acquired == 0 and not self._waiters
+
+    def statistics(self) -> BulkheadStatistics:
+        """A consistent snapshot of the counts."""
+        with self._lock:
+            self._sweep()
+            return BulkheadStatistics(
+                name=self.name,
+                max_concurrent=self._limit,
+                max_waiting=self._max_waiting,
+                in_use=self.in_use,
+                waiting=len(self._waiters),
+                acquired=self.acquired,
+                released=self.released,
+                rejected=self.rejected,
+                timed_out=self.timed_out,
+                cancelled=self.cancelled,
+            )
+
+
+def _class_exit(bulkhead: Bulkhead, *_exc: object) -> None:
+    """``Bulkhead.__exit__`` called on the class (`contextlib.ExitStack`)."""
+    permit = _entered.pop(bulkhead)
+    if permit is None:
+        raise RuntimeError(
+            f"bulkhead {bulkhead.name!r} exited more often than entered "
+            "in this thread or task"
+        )
+    bulkhead._machine.release(permit)  # noqa: SLF001
+
+
+def _exit_of(permit: BulkheadPermit) -> Callable[..., None]:
+    return permit._exit_block  # noqa: SLF001
+
+
+def _aexit_of(permit: BulkheadPermit) -> Callable[..., Awaitable[None]]:
+    return permit._aexit_block  # noqa: SLF001
+
+
+async def _class_aexit(bulkhead: Bulkhead, *_exc: object) -> None:
+    """``Bulkhead.__aexit__`` called on the class (`AsyncExitStack`)."""
+    _class_exit(bulkhead)
+
+
+Permit = BulkheadPermit
+"""The short name the pipeline uses inside the package."""
