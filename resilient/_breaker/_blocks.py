@@ -18,14 +18,14 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
-from resilient._breaker._machine import SUCCESS
+from resilient._breaker._machine import SUCCESS, BreakerPermit
+from resilient._breaker._now import now
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from resilient._breaker._breaker import CircuitBreaker
-    from resilient._breaker._machine import BreakerPermit
 
 
 _Stack: TypeAlias = "tuple[CircuitBreaker, BreakerPermit, _Stack] | None"
@@ -96,6 +96,54 @@ def take_cell(cb: CircuitBreaker) -> list[Any] | None:
     return cell
 
 
+_new_permit: Final = BreakerPermit.__new__
+
+
+def closed_permit(
+    cb: CircuitBreaker, epoch: int, start: float
+) -> BreakerPermit:
+    """A closed call's permit, made without running ``__init__``."""
+    permit = _new_permit(BreakerPermit)
+    permit._breaker = cb  # noqa: SLF001
+    permit._done = False  # noqa: SLF001
+    permit.epoch = epoch
+    permit.start = start
+    permit.probe = 0
+    return permit
+
+
+def enter_block(cb: CircuitBreaker) -> BreakerPermit:
+    """``CircuitBreaker.__enter__``: admit, and keep the permit."""
+    cell = take_cell(cb)
+    m = cb._m  # noqa: SLF001
+    gate = m.gate
+    if gate is None:
+        permit = cb.acquire()
+    else:
+        permit = closed_permit(cb, gate[0], now() if m.timed else 0.0)
+    if cell is None:
+        push_entered(cb, permit)
+    else:
+        cell[1] = permit
+    return permit
+
+
+async def aenter_block(cb: CircuitBreaker) -> BreakerPermit:
+    """``CircuitBreaker.__aenter__``: `enter_block`, awaiting listeners."""
+    cell = take_cell(cb)  # Before any await: the next block may reset it.
+    m = cb._m  # noqa: SLF001
+    gate = m.gate
+    if gate is None:
+        permit = await cb.aacquire()
+    else:
+        permit = closed_permit(cb, gate[0], now() if m.timed else 0.0)
+    if cell is None:
+        push_entered(cb, permit)
+    else:
+        cell[1] = permit
+    return permit
+
+
 def push_entered(cb: CircuitBreaker, permit: BreakerPermit) -> None:
     """Keep a permit entered by hand, for the matching `__exit__`."""
     _ENTERED.set((cb, permit, _ENTERED.get()))
@@ -119,39 +167,56 @@ def pop_entered(cb: CircuitBreaker) -> BreakerPermit:
     return stack[1]
 
 
-def _unpack(
-    cell: list[Any], args: tuple[Any, ...]
-) -> tuple[CircuitBreaker, BreakerPermit, BaseException | None]:
-    cb: CircuitBreaker = cell[0]
-    permit: BreakerPermit | None = cell[1]
-    cell[1] = None
-    if permit is None:  # Entered by hand: the context's stack.
-        permit = pop_entered(cb)
-    return cb, permit, args[-2]
-
-
 def exit_block(cell: list[Any], *args: Any) -> None:
     """
     The exit of one ``with`` block: called ``(exc_type, exc, tb)``, or
     ``(cm, exc_type, exc, tb)`` as `contextlib.ExitStack` calls an exit
     looked up on the class.
     """
-    cb, permit, exc = _unpack(cell, args)
-    outcome = SUCCESS if exc is None else cb.config.outcome(exc)
-    events = cb._record(  # noqa: SLF001
-        permit.epoch, permit.start, permit.probe, outcome, permit
-    )
+    cb: CircuitBreaker = cell[0]
+    permit: BreakerPermit | None = cell[1]
+    cell[1] = None
+    if permit is None:  # Entered by hand: the context's stack.
+        permit = pop_entered(cb)
+    exc = args[-2]
+    if exc is None:
+        events = cb._record(  # noqa: SLF001
+            permit.epoch, permit.start, permit.probe, SUCCESS, permit
+        )
+    else:
+        events = cb._record(  # noqa: SLF001
+            permit.epoch,
+            permit.start,
+            permit.probe,
+            cb.config.outcome(exc),
+            permit,
+            exc=exc,
+        )
     if events:
         cb._notify(events)  # noqa: SLF001
 
 
 async def aexit_block(cell: list[Any], *args: Any) -> None:
     """The exit of one ``async with`` block (see `exit_block`)."""
-    cb, permit, exc = _unpack(cell, args)
-    outcome = SUCCESS if exc is None else cb.config.outcome(exc)
-    events = cb._record(  # noqa: SLF001
-        permit.epoch, permit.start, permit.probe, outcome, permit
-    )
+    cb: CircuitBreaker = cell[0]
+    permit: BreakerPermit | None = cell[1]
+    cell[1] = None
+    if permit is None:
+        permit = pop_entered(cb)
+    exc = args[-2]
+    if exc is None:
+        events = cb._record(  # noqa: SLF001
+            permit.epoch, permit.start, permit.probe, SUCCESS, permit
+        )
+    else:
+        events = cb._record(  # noqa: SLF001
+            permit.epoch,
+            permit.start,
+            permit.probe,
+            cb.config.outcome(exc),
+            permit,
+            exc=exc,
+        )
     if events:
         if exc is None or isinstance(exc, Exception):
             await cb._anotify(events)  # noqa: SLF001

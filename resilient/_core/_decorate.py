@@ -30,6 +30,8 @@ AsyncShell = Callable[
     [Callable[..., Awaitable[Any]], tuple[Any, ...], dict[str, Any]],
     Awaitable[Any],
 ]
+Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+"""Makes the wrapper of a function (see `decorate`'s *wrappers*)."""
 
 
 def is_async_callable(fn: object) -> bool:
@@ -50,6 +52,7 @@ def decorate(
     async_shell: AsyncShell,
     *,
     check_sync: Callable[[Callable[..., Any]], None] | None = None,
+    wrappers: tuple[Wrapper, Wrapper] | None = None,
 ) -> Callable[P, T]:
     """
     Wrap *fn* so that each call goes through the matching shell.
@@ -61,10 +64,17 @@ def decorate(
         async_shell: Awaited as ``async_shell(fn, args, kwargs)``.
         check_sync: Called with *fn* when it is sync, to refuse settings
             that only make sense in async code.
+        wrappers: ``(make_sync, make_async)``: each called with *fn* to
+            make the wrapper itself, for a primitive whose hot path runs
+            in the wrapper (the shells then go unused).
     """
     if isinstance(fn, classmethod | staticmethod):
         inner = decorate(
-            fn.__func__, sync_shell, async_shell, check_sync=check_sync
+            fn.__func__,
+            sync_shell,
+            async_shell,
+            check_sync=check_sync,
+            wrappers=wrappers,
         )
         return cast("Callable[P, T]", type(fn)(inner))
     if not callable(fn):
@@ -76,6 +86,8 @@ def decorate(
             return await async_shell(fn, args, kwargs)  # type: ignore[arg-type]
 
         wrapper: Callable[..., Any] = async_wrapper
+        if wrappers is not None:
+            wrapper = wrappers[1](fn)
     else:
         if check_sync is not None:
             check_sync(fn)
@@ -84,6 +96,8 @@ def decorate(
             return sync_shell(fn, args, kwargs)
 
         wrapper = sync_wrapper
+        if wrappers is not None:
+            wrapper = wrappers[0](fn)
 
     # Copies what exists (callable objects lack __name__) and sets
     # __wrapped__, which inspect.signature follows.
