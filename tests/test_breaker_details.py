@@ -6,6 +6,7 @@ counts, changes state and reports, but never rejects.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import pickle
@@ -140,10 +141,8 @@ def test_opened_by_keeps_no_frame_alive(clock: Any) -> None:
         raise ConnectionError("down")
 
     for _ in range(2):
-        try:
+        with contextlib.suppress(ConnectionError):
             call()
-        except ConnectionError:
-            pass
     gc.collect()
     assert cb.state is OPEN
     assert cb._m.opened_by is not None

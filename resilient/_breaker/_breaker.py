@@ -49,6 +49,7 @@ from resilient._breaker._blocks import (
 from resilient._breaker._calls import INBOX_LIMIT, async_wrapper, sync_wrapper
 from resilient._breaker._machine import (
     _CLOSED,
+    _OPEN,
     FAILURE,
     IGNORE,
     SUCCESS,
@@ -64,6 +65,7 @@ from resilient._breaker._report import report_rejection, report_transition
 from resilient._core import _clock
 from resilient._core._config_breaker import BreakerConfig, Outcome
 from resilient._core._decorate import decorate, is_async_callable
+from resilient._core._telemetry import disabled
 from resilient._core._validate import check_name
 from resilient.exceptions import CircuitOpen, ConfigTypeError, DeadlineExceeded
 
@@ -249,11 +251,18 @@ class CircuitBreaker:
         gate = m.gate
         if gate is not None:
             return BreakerPermit(self, gate[0], now() if m.timed else 0.0, 0)
+        t = now()
+        if (
+            m.state is _OPEN
+            and m.enforcing
+            and m.opened_at <= t < m.open_until
+        ):
+            raise self._rejection(m, t)
         got, events = self._admission()
         if events:
             self._notify(events)
-        if type(got) is CircuitOpen:
-            raise got
+            if type(got) is CircuitOpen:  # A rejection that changed state.
+                raise got
         return got  # type: ignore[return-value]
 
     async def aacquire(self) -> BreakerPermit:
@@ -262,11 +271,18 @@ class CircuitBreaker:
         gate = m.gate
         if gate is not None:
             return BreakerPermit(self, gate[0], now() if m.timed else 0.0, 0)
+        t = now()
+        if (
+            m.state is _OPEN
+            and m.enforcing
+            and m.opened_at <= t < m.open_until
+        ):
+            raise self._rejection(m, t)
         got, events = self._admission()
         if events:
             await self._anotify(events)
-        if type(got) is CircuitOpen:
-            raise got
+            if type(got) is CircuitOpen:  # A rejection that changed state.
+                raise got
         return got  # type: ignore[return-value]
 
     admit = acquire
@@ -278,10 +294,16 @@ class CircuitBreaker:
         """
         The machine's answer under the lock (the breaker is not closed, or
         was not a moment ago), and the state changes to report: a permit,
-        or the rejection to raise, reported already. A metrics-only breaker
-        reports the rejection and hands out an uncounted permit instead.
+        or the rejection to raise once they are reported (a rejection that
+        changed nothing is raised here). A metrics-only breaker reports the
+        rejection and hands out an uncounted permit instead.
+
+        Raised from here, the rejection is never in a local variable of a
+        frame its traceback holds: no reference cycle, so no work for the
+        garbage collector per rejection.
         """
-        t = now()
+        c = _clock._clock  # noqa: SLF001
+        t = time.monotonic() if c is DEFAULT else c.now()
         with self._lock:
             m = self._m
             got = m.admit_or_wait(t, self)
@@ -294,13 +316,35 @@ class CircuitBreaker:
         if type(got) is BreakerPermit:
             return got, events
         metrics_only = self.config.metrics_only
-        report_rejection(self.name, got, state, metrics_only=metrics_only)
+        if not disabled():
+            report_rejection(self.name, got, state, metrics_only=metrics_only)
         if metrics_only:
             return BreakerPermit(self, UNCOUNTED, t, 0), events
         # Made by __new__ alone, which sets ``args`` (see `CircuitOpen`).
+        if events is None:
+            raise _new_open(
+                CircuitOpen, self.name, got, state.value, opened_by
+            )
         return _new_open(
             CircuitOpen, self.name, got, state.value, opened_by
         ), events
+
+    def _rejection(self, m: _BreakerMachine, t: float) -> CircuitOpen:
+        """
+        The rejection of a call at *t* while *m* is open within its
+        interval (`_BreakerMachine.admit_or_wait`'s first rule, written out
+        for the hot path), counted and reported; for the caller to raise.
+
+        Decided without the lock: the state, opening and interval are read
+        once each, and a read that races a state change rejects as if the
+        call had come a moment earlier. The count is one increment with no
+        call inside, which CPython (with its GIL) never interrupts.
+        """
+        m.rejected += 1
+        wait = m.open_until - t
+        if not disabled():
+            report_rejection(self.name, wait, _OPEN)
+        return _new_open(CircuitOpen, self.name, wait, "open", m.opened_by)
 
     # Settling: every outcome enters the machine through `_record`.
 

@@ -244,6 +244,7 @@ class _BreakerMachine:
         "_seq",
         "_slow_rate",
         "config",
+        "enforcing",
         "epoch",
         "gate",
         "interval",
@@ -289,6 +290,8 @@ class _BreakerMachine:
         """Seconds from which a call is slow (infinite: never)."""
         self.timed = slow is not None
         """Whether a call's duration matters while closed."""
+        self.enforcing = not config.metrics_only
+        """Whether it rejects calls (it does unless metrics-only)."""
         self.stamped = self.timed or isinstance(self.window, TimeRing)
         """Whether a closed call's success needs its end time (a time
         window files it by time; a count window does not)."""
@@ -418,11 +421,8 @@ class _BreakerMachine:
         A success from an epoch that ended lands in an inbox nobody reads.
         """
         gate = self.gate
-        if gate is not None:
-            inbox = gate[1]
-            add = self.window.add
-            while inbox:
-                add(0, inbox.popleft())
+        if gate is not None and gate[1]:
+            self.window.take(gate[1])
 
     def record(
         self,

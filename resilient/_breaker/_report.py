@@ -9,11 +9,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from opentelemetry import trace as otel_trace
 
-from resilient._core._telemetry import (
-    disabled,
-    exception_attributes,
-    instruments,
-)
+from resilient._core._telemetry import exception_attributes, instruments
 
 
 if TYPE_CHECKING:
@@ -97,10 +93,9 @@ def report_rejection(
 ) -> None:
     """
     A rejected call (one a metrics-only breaker let through all the same):
-    a counter and a span event.
+    a counter and a span event. The caller skips it when telemetry is
+    `disabled` (no SDK anywhere: nothing would record the event).
     """
-    if disabled():
-        return  # No SDK anywhere: nothing would record the event.
     labels = {
         "resilient.breaker": name,
         "resilient.breaker.state": state.value,
