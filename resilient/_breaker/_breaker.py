@@ -255,6 +255,7 @@ class CircuitBreaker:
         if (
             m.state is _OPEN
             and m.enforcing
+            and self._pinned  # Else heal the pin on the slow path.
             and m.opened_at <= t < m.open_until
         ):
             raise self._rejection(m, t)
@@ -275,6 +276,7 @@ class CircuitBreaker:
         if (
             m.state is _OPEN
             and m.enforcing
+            and self._pinned  # Else heal the pin on the slow path.
             and m.opened_at <= t < m.open_until
         ):
             raise self._rejection(m, t)

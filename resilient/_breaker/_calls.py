@@ -51,6 +51,7 @@ def sync_wrapper(  # noqa: C901 - the hot path, written out
             if (
                 m.state is OPEN
                 and m.enforcing
+                and cb._pinned  # noqa: SLF001 - else heal it (slow path)
                 and m.opened_at <= t < m.open_until
             ):
                 raise cb._rejection(m, t)  # noqa: SLF001
@@ -101,6 +102,7 @@ def async_wrapper(  # noqa: C901 - the hot path, written out
             if (
                 m.state is OPEN
                 and m.enforcing
+                and cb._pinned  # noqa: SLF001 - else heal it (slow path)
                 and m.opened_at <= t < m.open_until
             ):
                 raise cb._rejection(m, t)  # noqa: SLF001
