@@ -23,7 +23,7 @@ from resilient.exceptions import ConfigError, ConfigTypeError
 
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterator
 
 
 # (top-level package, class name) pairs. "builtins" stands for the
@@ -226,12 +226,29 @@ def _not_sent(exc: BaseException) -> bool:
     return False
 
 
-def _leaves(group: BaseExceptionGroup[Any]) -> Iterable[BaseException]:
+def leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
+    """The exceptions in *group* and in its nested groups, depth first."""
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
+            yield from leaves(exc)
         else:
             yield exc
+
+
+def every_leaf(
+    group: BaseExceptionGroup[Any], accepts: Callable[[BaseException], bool]
+) -> bool:
+    """
+    Whether *group* has leaves and *accepts* every one of them: the one
+    rule by which retry retries an exception group and a breaker counts one
+    as a failure (an error inside a task group arrives as a group).
+    """
+    found = False
+    for leaf in leaves(group):
+        if not accepts(leaf):
+            return False
+        found = True
+    return found
 
 
 def _statuses(
@@ -321,8 +338,7 @@ class _Classifier:
     def __call__(self, exc: BaseException) -> bool:
         """Whether *exc* is one of the errors this classifier names."""
         if isinstance(exc, BaseExceptionGroup):
-            leaves = list(_leaves(exc))
-            return bool(leaves) and all(map(self, leaves))
+            return every_leaf(exc, self)
         if not isinstance(exc, Exception):
             return False  # Cancellation, KeyboardInterrupt, SystemExit.
         return self._leaf(exc)

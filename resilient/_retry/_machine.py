@@ -12,19 +12,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from resilient._core import _settings, _state
 from resilient._core._clock import MonotonicClock
 from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
 from resilient._core._hints import default_retry_after
-from resilient._core._transient import http_status
+from resilient._core._transient import every_leaf, http_status
 from resilient.exceptions import CircuitOpen, Rejected
 
 
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from resilient._policy import Policy  # For type checkers only.
     from resilient._retry_budget import RetryBudget
@@ -187,14 +187,15 @@ class RetryMachine:
         if self._accepts(exc):
             return True
         if isinstance(exc, ExceptionGroup):
-            leaves = list(_leaves(exc))
-            return bool(leaves) and all(
-                isinstance(leaf, Exception)
-                and not isinstance(leaf, WrongShell)
-                and self._accepts(leaf)
-                for leaf in leaves
-            )
+            return every_leaf(exc, self._accepts_leaf)
         return False
+
+    def _accepts_leaf(self, leaf: BaseException) -> bool:
+        return (
+            isinstance(leaf, Exception)
+            and not isinstance(leaf, WrongShell)
+            and self._accepts(leaf)
+        )
 
     def _accepts(self, exc: Exception) -> bool:
         retry_on = self.policy.retry_on
@@ -447,14 +448,6 @@ class RetryMachine:
         result_(event, result)
         reason_(event, reason)
         return event
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
 
 
 def note(exc: BaseException, step: GiveUp) -> None:

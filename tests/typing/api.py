@@ -226,6 +226,8 @@ assert_type(payments_breaker.state, resilient.BreakerState)
 assert_type(payments_breaker.retry_after(), float)
 assert_type(payments_breaker.statistics(), resilient.BreakerStatistics)
 resilient.breaker("payments", resilient.BreakerConfig())
+resilient.breaker("shadow", resilient.BreakerConfig(metrics_only=True))
+resilient.BreakerConfig(metrics_only="yes")  # type: ignore[arg-type]
 resilient.breaker("payments", resilient.Policy())  # type: ignore[arg-type]
 
 
@@ -379,8 +381,13 @@ assert_type(
 def _rejections(exc: resilient.Rejected) -> None:
     assert_type(exc.retry_after, float | None)
     if isinstance(exc, resilient.CircuitOpen):
-        opened: resilient.Rejected = exc
-        assert_type(opened.retry_after, float | None)
+        assert_type(exc.retry_after, float)  # A breaker always knows.
+        assert_type(exc.opened_by, BaseException | None)
+        assert_type(exc.state, str)
+
+
+def _transition(event: resilient.BreakerTransition) -> None:
+    assert_type(event.opened_by, BaseException | None)
 
 
 def _lowlevel() -> None:
