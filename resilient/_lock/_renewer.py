@@ -50,7 +50,15 @@ EARLY: Final = 0.1
 
 @final
 class Renewals:
-    """The leases one worker renews, and what a round does with them."""
+    """
+    The leases one worker renews, and what a round does with them.
+
+    Adding and removing a lease are single dict operations (atomic), with
+    no lock and no wake-up unless the worker would look too late for the
+    new lease: a short hold costs the renewer nothing until its first
+    renewal would be due. The worker reads the dict by copying it (one
+    atomic operation), under `cond` only where it decides to sleep.
+    """
 
     __slots__ = ("_leases", "cond", "planned")
 
@@ -60,39 +68,37 @@ class Renewals:
         self.planned = -math.inf
         """When the worker plans to look next (-inf: it is busy now)."""
 
-    def add(self, record: LeaseRecord) -> None:
+    def add(self, record: LeaseRecord) -> bool:
         """
-        Start renewing *record*, waking the worker only if it would look
-        too late for it (a wake-up per lease would cost every short hold a
-        thread switch).
+        Start renewing *record*; whether the worker must be woken for it
+        (it plans to look later than the lease's first renewal).
         """
-        with self.cond:
-            self._leases[id(record)] = record
-            if record.wake_at() < self.planned:
-                self.cond.notify()
+        self._leases[id(record)] = record
+        # `planned` is read after the insert: if it is a sleeping worker's,
+        # that worker reads the dict when it wakes, in time for the lease
+        # unless it is due earlier; if the worker is busy (-inf), it may
+        # be about to choose when to sleep without the lease: wake it.
+        planned = self.planned
+        return planned == -math.inf or record.due < planned
 
     def remove(self, record: LeaseRecord) -> None:
         """Stop renewing *record* (released or lost); the worker finds out."""
-        with self.cond:
-            self._leases.pop(id(record), None)
+        self._leases.pop(id(record), None)
 
     def __len__(self) -> int:
         return len(self._leases)
 
     def held(self) -> list[LeaseRecord]:
         """The leases renewed now."""
-        with self.cond:
-            return list(self._leases.values())
+        return list(self._leases.values())
 
     def due(self, now: float) -> list[LeaseRecord]:
         """
         The leases to renew now; leases found past their validity are
         marked lost and dropped.
         """
-        with self.cond:
-            records = list(self._leases.values())
         due = []
-        for record in records:
+        for record in self.held():
             if not record.check(now):
                 self.remove(record)
             elif record.due <= now + EARLY * record.config.every:
@@ -125,18 +131,14 @@ class Renewals:
                 self.remove(record)
 
     def next_wake(self) -> float:
-        """
-        When the worker must next look, on resilient's clock; the caller
-        holds `cond`.
-        """
-        return min(
-            (r.wake_at() for r in self._leases.values()), default=math.inf
-        )
+        """When the worker must next look, on resilient's clock."""
+        return min((r.wake_at() for r in self.held()), default=math.inf)
 
     def reset_after_fork(self) -> None:
         """In a forked child: none of these leases is ours."""
         self.cond = threading.Condition(threading.Lock())
-        for record in list(self._leases.values()):
+        self.planned = -math.inf
+        for record in self.held():
             record.forked()
         self._leases.clear()
 
@@ -164,27 +166,50 @@ def _wait_for(wake: float) -> float:
 
 @final
 class ThreadRenewer:
-    """Renews every lease of one sync backend from one daemon thread."""
+    """
+    Renews every lease of one sync backend from one daemon thread.
 
-    __slots__ = ("__weakref__", "backend", "renewals", "thread")
+    Its watchdog (a second thread, alive while the worker is) declares
+    leases lost on the local monotonic clock while a renewal call hangs:
+    the worker calls the backend inline, and if the call has not returned
+    when a lease's validity runs out, the watchdog marks that lease lost
+    (which cancels its block) without waiting for the call or for the
+    backend's own per-call limit.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_calling",
+        "_dog",
+        "_watchdog",
+        "backend",
+        "renewals",
+        "thread",
+    )
 
     def __init__(self, backend: LockBackend) -> None:
         self.backend = backend
         self.renewals = Renewals()
         self.thread: threading.Thread | None = None
+        self._dog = threading.Condition(threading.Lock())
+        self._calling = False
+        self._watchdog: threading.Thread | None = None
         _ALL.add(self)
 
     def add(self, record: LeaseRecord) -> None:
         """Renew *record* until it is removed, released or lost."""
-        self.renewals.add(record)
-        with self.renewals.cond:
-            if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._run,
-                    name=f"resilient-lock-renewer-{self.backend.scheme}",
-                    daemon=True,
-                )
-                self.thread.start()
+        renewals = self.renewals
+        if renewals.add(record) or self.thread is None:
+            with renewals.cond:
+                if self.thread is None:
+                    self.thread = threading.Thread(
+                        target=self._run,
+                        name=f"resilient-lock-renewer-{self.backend.scheme}",
+                        daemon=True,
+                    )
+                    self.thread.start()
+                else:
+                    renewals.cond.notify()
 
     def remove(self, record: LeaseRecord) -> None:
         """Stop renewing *record*."""
@@ -196,14 +221,51 @@ class ThreadRenewer:
         due = self.renewals.due(clock.now())
         for batch in batches(due, self.backend.max_renew_batch):
             sent = clock.now()
-            try:
-                results: Sequence[bool] | None = self.backend.renew(
-                    _requests(batch)
+            self.renewals.settle(batch, sent, self._renew(batch))
+
+    def _renew(self, batch: Sequence[LeaseRecord]) -> Sequence[bool] | None:
+        """The backend's answers for *batch*, or None (no answer)."""
+        dog = self._dog
+        with dog:
+            self._calling = True
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watch,
+                    name=f"resilient-lock-watchdog-{self.backend.scheme}",
+                    daemon=True,
                 )
-            except Exception as exc:  # noqa: BLE001 - no answer, retried
-                log.debug("lock renewal got no answer: %s", type(exc).__name__)
-                results = None
-            self.renewals.settle(batch, sent, results)
+                self._watchdog.start()
+            dog.notify()
+        try:
+            return self.backend.renew(_requests(batch))
+        except Exception as exc:  # noqa: BLE001 - no answer, retried
+            log.debug("lock renewal got no answer: %s", type(exc).__name__)
+            return None
+        finally:
+            with dog:
+                self._calling = False
+                dog.notify()
+
+    def _watch(self) -> None:
+        """
+        The watchdog: while a renewal call is out, mark each held lease
+        lost when its validity runs out on our clock.
+        """
+        dog = self._dog
+        with dog:
+            while True:
+                if not self._calling:
+                    if self.thread is None:
+                        self._watchdog = None
+                        return
+                    dog.wait(IDLE)
+                    continue
+                now = _clock.get_clock().now()
+                until = math.inf
+                for record in self.renewals.held():
+                    if record.check(now):  # Marks it lost once past.
+                        until = min(until, record.valid_until)
+                dog.wait(_wait_for(until))
 
     def _run(self) -> None:
         renewals = self.renewals
@@ -219,6 +281,8 @@ class ThreadRenewer:
                     renewals.planned = -math.inf
                     if not len(renewals):
                         self.thread = None
+                        with self._dog:  # Its watchdog ends too.
+                            self._dog.notify()
                         return
                     continue
                 wake = renewals.next_wake()
@@ -229,6 +293,9 @@ class ThreadRenewer:
     def reset_after_fork(self) -> None:
         """In a forked child: no thread, no leases."""
         self.thread = None
+        self._dog = threading.Condition(threading.Lock())
+        self._calling = False
+        self._watchdog = None
         self.renewals.reset_after_fork()
 
 
@@ -260,8 +327,7 @@ class TaskRenewer:
 
     def add(self, record: LeaseRecord) -> None:
         """Renew *record*; call from a task of the backend's event loop."""
-        self.renewals.add(record)
-        if self._wake is not None and record.wake_at() < self.renewals.planned:
+        if self.renewals.add(record) and self._wake is not None:
             self._wake.set()
         if not self.running:
             self.running = True
@@ -306,8 +372,7 @@ class TaskRenewer:
                 if not len(self.renewals):
                     break
                 self._wake = anyio.Event()
-                with self.renewals.cond:
-                    wake = self.renewals.planned = self.renewals.next_wake()
+                wake = self.renewals.planned = self.renewals.next_wake()
                 with anyio.move_on_after(_wait_for(wake)):
                     await self._wake.wait()
                 self.renewals.planned = -math.inf
