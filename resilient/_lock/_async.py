@@ -15,16 +15,21 @@ from typing import TYPE_CHECKING, final
 import anyio
 import sniffio
 
-from resilient import _timeout
 from resilient._backends import Busy, Grant
 from resilient._core import _clock, _loops
 from resilient._lock._attempt import Attempt, GiveUp, Wait
-from resilient._lock._lease import RELEASE_TIMEOUT, log
+from resilient._lock._lease import (
+    RELEASE_TIMEOUT,
+    log,
+    open_block,
+    shut_block,
+)
 
 
 if TYPE_CHECKING:
     from types import TracebackType
 
+    from resilient import _timeout
     from resilient._backends import AsyncLockBackend, LockKey, OwnerToken
     from resilient._lock._config import LockConfig
     from resilient._lock._hold import Hold
@@ -116,10 +121,8 @@ async def aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  
                 step = att.failed(exc)
             else:
                 if isinstance(answer, Grant):
-                    lease = att.lease(sent, answer)
+                    lease = att.take(sent, answer, out)
                     if lease is not None:
-                        out.append(lease)
-                        lease._start()  # noqa: SLF001
                         return lease
                     await acompensate(backend, key, owner)  # Came too late.
                     answer = Busy(None)
@@ -160,23 +163,16 @@ async def acompensate(
 async def aenter(lock: Lock, hold: Hold | None) -> Lease:
     """``async with lock``: `resilient._lock._sync.enter`, awaited."""
     out: list[Lease] = []
-    scope: _timeout.TimeoutScope | None = None
     try:
         lease = await aacquire(lock, lock.config, out)
-        scope = lease._scope = _timeout.TimeoutScope(  # noqa: SLF001
-            seconds=None, at=None, interrupt=False
-        )
         if hold is not None:
             hold.call = _loops.loop_caller(lease._library)  # type: ignore[arg-type]  # noqa: SLF001
-        lock.record_entry(hold, lease, scope)
-        await scope.__aenter__()
-        lease._record.on_lost(lease._cancel_block)  # noqa: SLF001
+        open_block(lock, hold, lease)
         return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
     except BaseException:
         lock.forget(out)
-        if scope is not None and scope._state == "entered":  # noqa: SLF001
-            await scope.__aexit__(None, None, None)
         if out:
+            shut_block(out[0])
             await out[0].arelease()
         raise
 
@@ -196,7 +192,7 @@ async def aleave(
         lease, scope = entry
         lost = lease._lost_now()  # noqa: SLF001
         try:
-            swallowed = await scope.__aexit__(exc_type, exc, tb)
+            swallowed = scope.__exit__(exc_type, exc, tb)
         finally:
             await lease.arelease()
             if linked is None:
@@ -204,8 +200,7 @@ async def aleave(
     except BaseException:
         if entry is not None:
             try:
-                if entry[1]._state == "entered":  # noqa: SLF001
-                    await entry[1].__aexit__(None, None, None)
+                shut_block(entry[0])
             finally:
                 try:
                     await entry[0].arelease()

@@ -49,11 +49,12 @@ class Attempt:
     """
 
     __slots__ = (
-        "acq",
+        "_acq",
         "backend",
         "busy",
         "clock",
         "config",
+        "deadline",
         "error",
         "holder",
         "library",
@@ -62,6 +63,7 @@ class Attempt:
         "renewer",
         "sent_any",
         "span",
+        "start",
         "stop",
     )
 
@@ -84,20 +86,31 @@ class Attempt:
         self.renewer = renewer
         self.span: Span | None = start_span(lock.key, backend.scheme)
         self.owner = OwnerToken()
-        self.acq = Acquisition(
-            config, clock.now(), _clock.current_deadline(), _RNG
-        )
+        self.start = clock.now()
+        self.deadline = _clock.current_deadline()
+        self._acq: Acquisition | None = None  # Made for the first wait.
         self.busy: Busy | None = None
         self.error: BaseException | None = None
         self.sent_any = False
         self.stop: Callable[[], None] | None = None
         """Stops the backend's wake-up watch, once one was started."""
 
+    def take(
+        self, sent: float, grant: Grant, out: list[Lease]
+    ) -> Lease | None:
+        """
+        The lease of a grant for a request sent at *sent*, appended to *out*
+        and then started (renewed, recorded as held); None if it came back
+        too late to be worth having (the shell gives it back).
+        """
+        lease = self.lease(sent, grant)
+        if lease is not None:
+            out.append(lease)
+            lease._start()  # noqa: SLF001
+        return lease
+
     def lease(self, sent: float, grant: Grant) -> Lease | None:
-        """
-        The lease of a grant for a request sent at *sent*, or None if it
-        came back too late to be worth having (the shell gives it back).
-        """
+        """The lease of a grant, not started; None if it came too late."""
         config = self.config
         now = self.clock.now()
         until = valid_until(config, sent, grant.ttl)
@@ -106,16 +119,29 @@ class Attempt:
         record = LeaseRecord(
             self.lock.key, self.owner, grant.fence, config, until, sent
         )
-        return Lease(
+        lease = Lease(
             self.lock,
             record,
             self.backend,
             self.renewer,
             self.span,
             self.holder,
-            now - self.acq.start,
+            now - self.start,
             self.library,
         )
+        # Nobody else sees the record yet (the renewer gets it later).
+        record._on_lost = lease._cancel_block  # noqa: SLF001
+        return lease
+
+    @property
+    def acq(self) -> Acquisition:
+        """The wait's machine, made when the first try did not grant."""
+        acq = self._acq
+        if acq is None:
+            acq = self._acq = Acquisition(
+                self.config, self.start, self.deadline, _RNG
+            )
+        return acq
 
     def held(self, answer: Busy) -> Wait | GiveUp:
         """The lock is held (or the grant came too late): what next."""
@@ -131,7 +157,7 @@ class Attempt:
     def refused(self, step: GiveUp) -> LockNotAcquired:
         """The error to raise when the wait gives up."""
         busy, error = self.busy, self.error
-        waited = self.clock.now() - self.acq.start
+        waited = self.clock.now() - self.start
         after = None
         if error is None and busy is not None and busy.expires_in is not None:
             after = max(busy.expires_in, 0.0)

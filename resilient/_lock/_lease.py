@@ -14,6 +14,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Final, final
 
+from resilient import _timeout
 from resilient._backends import ReleaseResult, Renewal
 from resilient._core import _clock, _telemetry
 from resilient._lock._machine import LeaseState
@@ -24,10 +25,10 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span
 
     from resilient._backends import AsyncLockBackend, LockBackend, LockKey
+    from resilient._lock._hold import Hold
     from resilient._lock._lock import Lock
     from resilient._lock._machine import LeaseRecord
     from resilient._lock._renewer import TaskRenewer, ThreadRenewer
-    from resilient._timeout import TimeoutScope
 
 
 log: Final = logging.getLogger("resilient")
@@ -139,7 +140,7 @@ class Lease:
         self._holder = holder
         self._library = library
         self._released: ReleaseResult | None = None
-        self._scope: TimeoutScope | None = None
+        self._scope: _timeout.TimeoutScope | None = None
         self.waited = waited
         """Seconds spent acquiring it."""
 
@@ -214,8 +215,19 @@ class Lease:
             return True
         return False
 
+    def _cancel_if_lost(self) -> None:
+        """
+        Once the block's scope is set: cancel it if the lease was lost
+        before (the loss's callback found no scope then).
+        """
+        if self._record.state is LeaseState.LOST:
+            self._cancel_block()
+
     def _cancel_block(self) -> None:
-        """The lease is lost: cancel its block's scope, with `LockLost`."""
+        """
+        The lease is lost (the record's callback, from any thread): cancel
+        its block's scope with `LockLost`, if the block has one yet.
+        """
         scope = self._scope
         if scope is not None:
             scope.cancel(self._lost_error())
@@ -356,4 +368,41 @@ class Lease:
         return self._settled(result)
 
 
-__all__ = ["HOLDERS", "RELEASE_TIMEOUT", "Lease", "claim"]
+# -- the block's cancel scope (both shells) ---------------------------------
+
+
+def open_block(lock: Lock, hold: Hold | None, lease: Lease) -> None:
+    """
+    Enter the cancel scope of *lease*'s block, which the loss cancels with
+    `LockLost`. The lease and its scope are recorded first (in the ``with``
+    statement's *hold*, or the lock's context entries), so that an
+    interrupt anywhere from here on still finds them to clean up.
+    """
+    scope = lease._scope = _timeout.TimeoutScope(  # noqa: SLF001
+        seconds=None, at=None, interrupt=False
+    )
+    if hold is not None:
+        hold.entry = (lease, scope)
+    else:
+        lock.record_entry(lease, scope)
+    # A plain ``with`` scope in async code too: it is an anyio cancel scope
+    # there, and entering it awaits nothing.
+    scope.__enter__()
+    lease._cancel_if_lost()  # noqa: SLF001
+
+
+def shut_block(lease: Lease) -> None:
+    """Leave *lease*'s block scope if it is still entered (cleaning up)."""
+    scope = lease._scope  # noqa: SLF001
+    if scope is not None and scope._state == "entered":  # noqa: SLF001
+        scope.__exit__(None, None, None)
+
+
+__all__ = [
+    "HOLDERS",
+    "RELEASE_TIMEOUT",
+    "Lease",
+    "claim",
+    "open_block",
+    "shut_block",
+]

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 
     from resilient._backends import AsyncLockBackend, LockBackend
     from resilient._lock._config import LockKnobs
-    from resilient._lock._hold import Hold
     from resilient._lock._lease import Lease
     from resilient._lock._renewer import TaskRenewer, ThreadRenewer
     from resilient._timeout import TimeoutScope
@@ -65,7 +64,7 @@ _loop_token = _async.loop_token
 
 def _epoch() -> tuple[int, int]:
     """Changes when the cached backends are dropped (tests, resets)."""
-    return _registry.generation(), _backends.forgotten()
+    return _registry._generation, _backends._forgotten  # noqa: SLF001
 
 
 @final
@@ -147,14 +146,9 @@ class Lock:
             cached = self._async = (epoch, loop, backend, renewer)
         return cached[2], cached[3]
 
-    def record_entry(
-        self, hold: Hold | None, lease: Lease, scope: TimeoutScope
-    ) -> None:
-        """Remember an entered block's lease and scope, for its exit."""
-        if hold is not None:
-            hold.entry = (lease, scope)
-        else:
-            ENTERED.set((*ENTERED.get(), (self, lease, scope)))
+    def record_entry(self, lease: Lease, scope: TimeoutScope) -> None:
+        """Remember a block entered without a hold, for its exit."""
+        ENTERED.set((*ENTERED.get(), (self, lease, scope)))
 
     def entered(self) -> tuple[Lease, TimeoutScope]:
         """The innermost block of this lock entered without a hold."""

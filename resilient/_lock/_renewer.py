@@ -5,8 +5,16 @@ for an async one.
 Never a thread per lock: every lease held through one backend is renewed
 by the same worker, in batches of the backend's ``max_renew_batch`` (one
 round trip each), and leases due close together are renewed together.
-The schedule (`Renewals.round`) is shared by the two drivers; the thread
-driver sleeps on a condition variable, the task driver on anyio.
+The schedule (`Renewals`) is shared by the two drivers; the thread driver
+sleeps on a condition variable, the task driver on anyio. Registering a
+lease is a dict insert with no lock and no wake-up unless the worker would
+look too late for it, so a short hold costs the renewer nothing until its
+first renewal would be due.
+
+A renewal call that hangs does not hold back the loss: the task driver
+bounds each call by the earliest validity of its batch, and the thread
+driver has a watchdog thread that, while a call is out, marks each lease
+lost once its validity runs out on the local monotonic clock.
 
 The worker starts with the first lease and ends with the last, so an idle
 process runs nothing. After ``os.fork()`` the child has no renewer (threads

@@ -16,7 +16,7 @@ from resilient import _timeout
 from resilient._backends import Busy, Grant
 from resilient._core import _clock, _loops
 from resilient._lock._attempt import Attempt, GiveUp, Wait
-from resilient._lock._lease import log
+from resilient._lock._lease import log, open_block, shut_block
 
 
 if TYPE_CHECKING:
@@ -50,10 +50,8 @@ def acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa:
                 step = att.failed(exc)
             else:
                 if isinstance(answer, Grant):
-                    lease = att.lease(sent, answer)
+                    lease = att.take(sent, answer, out)
                     if lease is not None:
-                        out.append(lease)
-                        lease._start()  # noqa: SLF001
                         return lease
                     backend.release(key, owner)  # Came too late.
                     answer = Busy(None)
@@ -114,27 +112,19 @@ def _wait(lock: Lock, woken: threading.Event | None, seconds: float) -> None:
 
 def enter(lock: Lock, hold: Hold | None) -> Lease:
     """
-    ``with lock``: acquire, then enter the block's cancel scope, which the
-    lease's loss cancels with `LockLost`. *hold* is the ``with``
-    statement's (`resilient._lock._hold`), given the lease and its scope
-    before the scope is entered; None records them in the context instead.
+    ``with lock``: acquire, then enter the block's cancel scope
+    (`open_block`). *hold* is the ``with`` statement's
+    (`resilient._lock._hold`), or None.
     """
     out: list[Lease] = []
-    scope: _timeout.TimeoutScope | None = None
     try:
         lease = acquire(lock, lock.config, out)
-        scope = lease._scope = _timeout.TimeoutScope(  # noqa: SLF001
-            seconds=None, at=None, interrupt=False
-        )
-        lock.record_entry(hold, lease, scope)
-        scope.__enter__()
-        lease._record.on_lost(lease._cancel_block)  # noqa: SLF001
+        open_block(lock, hold, lease)
         return lease  # Inside the try: an interrupt here still cleans up.  # noqa: TRY300
     except BaseException:
         lock.forget(out)
-        if scope is not None and scope._state == "entered":  # noqa: SLF001
-            scope.__exit__(None, None, None)
         if out:
+            shut_block(out[0])
             out[0].release()
         raise
 
@@ -167,8 +157,7 @@ def leave(
     except BaseException:
         if entry is not None:
             try:
-                if entry[1]._state == "entered":  # noqa: SLF001
-                    entry[1].__exit__(None, None, None)
+                shut_block(entry[0])
             finally:
                 try:
                     entry[0].release()
