@@ -24,6 +24,7 @@ marked lost in the child, and its release sends nothing.
 
 from __future__ import annotations
 
+import _thread
 import logging
 import math
 import os
@@ -50,6 +51,10 @@ FAKE_CLOCK_POLL: Final = 0.005
 
 #: Real seconds an idle renewer thread waits for a new lease before ending.
 IDLE: Final = 1.0
+
+#: On a clock other than the real one, how often (real seconds) the
+#: watchdog looks; slower than the worker, whose turns it would delay.
+WATCHDOG_FAKE_POLL: Final = 0.025
 
 #: A lease due within this share of its renewal interval is renewed with
 #: the round that is going anyway, so leases batch up.
@@ -180,16 +185,16 @@ class ThreadRenewer:
     Its watchdog (a second thread, alive while the worker is) declares
     leases lost on the local monotonic clock while a renewal call hangs:
     the worker calls the backend inline, and if the call has not returned
-    when a lease's validity runs out, the watchdog marks that lease lost
-    (which cancels its block) without waiting for the call or for the
-    backend's own per-call limit.
+    when a lease's validity runs out, the watchdog, asleep until then,
+    marks that lease lost (which cancels its block) without waiting for
+    the call or for the backend's own per-call limit.
     """
 
     __slots__ = (
         "__weakref__",
-        "_calling",
         "_dog",
-        "_watchdog",
+        "_dog_until",
+        "_watching",
         "backend",
         "renewals",
         "thread",
@@ -200,8 +205,9 @@ class ThreadRenewer:
         self.renewals = Renewals()
         self.thread: threading.Thread | None = None
         self._dog = threading.Condition(threading.Lock())
-        self._calling = False
-        self._watchdog: threading.Thread | None = None
+        self._dog_until = -math.inf
+        """When the watchdog looks next (-inf: it is not watching)."""
+        self._watching = False
         _ALL.add(self)
 
     def add(self, record: LeaseRecord) -> None:
@@ -233,50 +239,60 @@ class ThreadRenewer:
 
     def _renew(self, batch: Sequence[LeaseRecord]) -> Sequence[bool] | None:
         """The backend's answers for *batch*, or None (no answer)."""
-        dog = self._dog
-        with dog:
-            self._calling = True
-            if self._watchdog is None:
-                self._watchdog = threading.Thread(
-                    target=self._watch,
-                    name=f"resilient-lock-watchdog-{self.backend.scheme}",
-                    daemon=True,
-                )
-                self._watchdog.start()
-            dog.notify()
+        if min(r.valid_until for r in batch) < self._dog_until:
+            # A lease the watchdog has not seen yet (its plan is later):
+            # tell it before the call. Otherwise it plans to look in time
+            # already, and waking it would only take the GIL from us.
+            with self._dog:
+                self._watch_soon()
+                self._dog.notify()
         try:
             return self.backend.renew(_requests(batch))
         except Exception as exc:  # noqa: BLE001 - no answer, retried
             log.debug("lock renewal got no answer: %s", type(exc).__name__)
             return None
-        finally:
-            with dog:
-                self._calling = False
-                dog.notify()
+
+    def _watch_soon(self) -> None:
+        """
+        Start the watchdog unless it runs; the caller holds `_dog`. A bare
+        thread (`_thread`), which starting does not wait for: a loaded
+        machine can take many milliseconds to schedule a new thread, and
+        the worker must not lose them (a daemon: nothing joins it).
+        """
+        if not self._watching:
+            self._watching = True
+            _thread.start_new_thread(self._watch, ())
 
     def _watch(self) -> None:
         """
-        The watchdog: while a renewal call is out, mark each held lease
-        lost when its validity runs out on our clock.
+        The watchdog: sleep until the earliest validity of the held
+        leases, then mark those past it lost. The worker does the same when
+        it wakes; the watchdog is what still does it while the worker is
+        stuck in a renewal call.
         """
         dog = self._dog
         with dog:
-            while True:
-                if not self._calling:
-                    if self.thread is None:
-                        self._watchdog = None
-                        return
-                    dog.wait(IDLE)
-                    continue
-                now = _clock.get_clock().now()
+            while self.thread is not None:
+                clock = _clock.get_clock()
+                now = clock.now()
                 until = math.inf
                 for record in self.renewals.held():
                     if record.check(now):  # Marks it lost once past.
                         until = min(until, record.valid_until)
-                dog.wait(_wait_for(until))
+                self._dog_until = until
+                if clock is _clock.DEFAULT_CLOCK:
+                    dog.wait(min(max(until - now, 0.0), 3600.0))
+                else:  # Virtual time moves without telling anyone.
+                    dog.wait(WATCHDOG_FAKE_POLL)
+            self._dog_until = -math.inf
+            self._watching = False
 
     def _run(self) -> None:
         renewals = self.renewals
+        with self._dog:
+            # Started with the worker, long before the first renewal: not
+            # by it, which would then wait for a thread to start.
+            self._watch_soon()
         while True:
             self.round()
             clock = _clock.get_clock()
@@ -302,8 +318,8 @@ class ThreadRenewer:
         """In a forked child: no thread, no leases."""
         self.thread = None
         self._dog = threading.Condition(threading.Lock())
-        self._calling = False
-        self._watchdog = None
+        self._dog_until = -math.inf
+        self._watching = False
         self.renewals.reset_after_fork()
 
 
