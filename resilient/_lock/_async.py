@@ -207,6 +207,8 @@ async def aleave(
                 finally:
                     lock.forget([entry[0]])
         raise
+    if not lost:
+        return swallowed
     return lock.outcome(lease, exc, swallowed=swallowed, lost=lost)
 
 

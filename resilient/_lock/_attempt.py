@@ -103,14 +103,6 @@ class Attempt:
         and then started (renewed, recorded as held); None if it came back
         too late to be worth having (the shell gives it back).
         """
-        lease = self.lease(sent, grant)
-        if lease is not None:
-            out.append(lease)
-            lease._start()  # noqa: SLF001
-        return lease
-
-    def lease(self, sent: float, grant: Grant) -> Lease | None:
-        """The lease of a grant, not started; None if it came too late."""
         config = self.config
         now = self.clock.now()
         until = valid_until(config, sent, grant.ttl)
@@ -129,8 +121,10 @@ class Attempt:
             now - self.start,
             self.library,
         )
-        # Nobody else sees the record yet (the renewer gets it later).
+        # Nobody else sees the record yet (the renewer gets it below).
         record._on_lost = lease._cancel_block  # noqa: SLF001
+        out.append(lease)
+        lease._start()  # noqa: SLF001
         return lease
 
     @property

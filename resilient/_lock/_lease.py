@@ -210,6 +210,11 @@ class Lease:
         it is, its scope is cancelled with `LockLost` (a no-op if it was
         already, and the first reason stays).
         """
+        record = self._record
+        if record.state is LeaseState.HELD and (
+            _clock.get_clock().now() < record.valid_until
+        ):
+            return False  # Held: the common case, without `lost`'s calls.
         if self.lost:
             self._cancel_block()
             return True

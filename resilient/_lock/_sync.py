@@ -164,6 +164,8 @@ def leave(
                 finally:
                     lock.forget([entry[0]])
         raise
+    if not lost:
+        return swallowed
     return lock.outcome(lease, exc, swallowed=swallowed, lost=lost)
 
 
