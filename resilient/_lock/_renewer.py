@@ -277,8 +277,11 @@ class ThreadRenewer:
                 now = clock.now()
                 until = math.inf
                 for record in self.renewals.held():
-                    if record.check(now):  # Marks it lost once past.
-                        until = min(until, record.valid_until)
+                    try:
+                        if record.check(now):  # Marks it lost once past.
+                            until = min(until, record.valid_until)
+                    except Exception:  # pragma: no cover - a loss callback
+                        log.exception("lock watchdog: a loss callback raised")
                 self._dog_until = until
                 if clock is _clock.DEFAULT_CLOCK:
                     dog.wait(min(max(until - now, 0.0), 3600.0))
