@@ -28,6 +28,7 @@ import _thread
 import logging
 import math
 import os
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
@@ -261,7 +262,19 @@ class ThreadRenewer:
         """
         if not self._watching:
             self._watching = True
-            _thread.start_new_thread(self._watch, ())
+            _thread.start_new_thread(self._watch_thread, ())
+
+    def _watch_thread(self) -> None:  # pragma: no cover - untraced
+        """
+        The watchdog's thread: traced and profiled as `threading`'s are
+        (its own lines run before it sets the tracer).
+        """
+        trace, profile = threading.gettrace(), threading.getprofile()
+        if trace is not None:
+            sys.settrace(trace)
+        if profile is not None:
+            sys.setprofile(profile)
+        self._watch()
 
     def _watch(self) -> None:
         """
