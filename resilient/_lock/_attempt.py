@@ -23,7 +23,7 @@ from resilient._lock._machine import (
     Wait,
     valid_until,
 )
-from resilient.exceptions import LockNotAcquired
+from resilient.exceptions import LockBackendError, LockNotAcquired
 
 
 if TYPE_CHECKING:
@@ -144,7 +144,14 @@ class Attempt:
         return self.acq.busy(self.clock.now(), answer)
 
     def failed(self, exc: Exception) -> Wait | GiveUp:
-        """The store did not answer: what next."""
+        """
+        The store did not answer: what next. A store's error that is not
+        retryable (a key of another type, a refused login or privilege) is
+        raised at once: it is a configuration error, not a busy lock, and
+        waiting it out would only hide it.
+        """
+        if isinstance(exc, LockBackendError) and not exc.retryable:
+            raise exc
         self.error = exc
         return self.acq.failed(self.clock.now())
 
@@ -168,7 +175,8 @@ class Attempt:
         """
         if not self.sent_any or isinstance(exc, LockNotAcquired):
             return False
-        end_span(self.span, "interrupted", error=True)
+        why = "error" if isinstance(exc, LockBackendError) else "interrupted"
+        end_span(self.span, why, error=True)
         return True
 
 
