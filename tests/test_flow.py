@@ -559,7 +559,9 @@ class TestMachine:
     def test_rejections_are_bounded(self, clock: Any) -> None:
         """Rejections are outwaited but at most `attempts` of them."""
         m = self.machine(clock, attempts=2, budget=None)
-        assert isinstance(m.on_error(CircuitOpen("x", 1.0)), Retry)
+        first = m.on_error(CircuitOpen("x", 1.0))
+        assert isinstance(first, Retry)
+        assert first.event.delay_source == "admission"
         assert isinstance(m.on_error(CircuitOpen("x", 1.0)), Retry)
         assert m.on_error(CircuitOpen("x", 1.0)).reason == "attempts"  # type: ignore[union-attr]
         assert m.attempt == 1  # none of them was an attempt
@@ -576,6 +578,7 @@ class TestMachine:
         step = m.on_error(ConnectionError())
         assert isinstance(step, Retry)
         assert 11.0 <= step.delay <= 21.0
+        assert step.event.delay_source == "admission"
 
 
 class TestLayout:

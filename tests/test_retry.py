@@ -385,6 +385,41 @@ class TestHints:
         driver.call(resilient.retry(policy), body)
         assert clock.sleeps == [0.1]
 
+    def test_event_says_where_the_delay_came_from(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """before_sleep's event says whether the delay was the backoff, a
+        server hint, or a hint cut to max_retry_after."""
+
+        class Hinted(ConnectionError):
+            def __init__(self, seconds: float | None) -> None:
+                super().__init__()
+                self.retry_after = seconds
+
+        hints = iter([None, 2.0, 120.0])
+        events: list[resilient.RetryEvent] = []
+
+        def body() -> str:
+            seconds = next(hints, "done")
+            if seconds == "done":
+                return "ok"
+            raise Hinted(seconds)  # type: ignore[arg-type]
+
+        policy = Policy(
+            attempts=4,
+            budget=None,
+            backoff=Constant(seconds=0.5),
+            max_retry_after=7,
+            before_sleep=events.append,
+            on_give_up=events.append,
+        )
+        assert driver.call(resilient.retry(policy), body) == "ok"
+        assert [(e.delay, e.delay_source) for e in events] == [
+            (0.5, "backoff"),
+            (2.0, "hint"),
+            (7.0, "hint_capped"),
+        ]
+
 
 class TestHooks:
     def test_hooks_see_events(self, driver: Driver, clock: Any) -> None:

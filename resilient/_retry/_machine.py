@@ -14,7 +14,13 @@ import math
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core import _settings, _state
-from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
+from resilient._core._decisions import (
+    DelaySource,
+    GiveUp,
+    GiveUpReason,
+    Retry,
+    RetryEvent,
+)
 from resilient._core._hints import default_retry_after
 from resilient._core._transient import http_status
 from resilient.exceptions import CircuitOpen, Rejected
@@ -242,7 +248,7 @@ class RetryMachine:
         if now + wait >= self.deadline:
             return self._give_up(reason, exc, None)
         self.wake = now + wait
-        return Retry(wait, self._event(exc, None, wait, None))
+        return Retry(wait, self._event(exc, None, wait, None, "admission"))
 
     def _spread(self, wait: float) -> float:
         """
@@ -317,15 +323,18 @@ class RetryMachine:
     ) -> Retry | GiveUp:
         if self.attempt >= self._max_attempts:
             return self._give_up("attempts", exc, result)
-        if self._testing:
-            delay = 0.0
-        elif hint is not None:
-            delay = min(hint, self.policy.max_retry_after)
+        source: DelaySource
+        if hint is not None:
+            cap = self.policy.max_retry_after
+            source = "hint_capped" if hint > cap else "hint"
+            delay = 0.0 if self._testing else min(hint, cap)
+        elif self._testing:
+            delay, source = 0.0, "backoff"
         else:
             backoff = self._backoff()
             if backoff is None:
                 return self._give_up("backoff_error", exc, result)
-            delay = backoff
+            delay, source = backoff, "backoff"
         # Never retry into a stage that will not admit: wait until it may,
         # then this call's backoff on top, so the fleet spreads out.
         blocked = False
@@ -333,6 +342,7 @@ class RetryMachine:
             wait = self.admission_wait()
             if wait > 0:
                 delay, blocked = self._spread(wait) + delay, True
+                source = "admission"
         # Never start a wait that ends at or past the deadline: the attempt
         # after it would have no time left.
         now = self.clock.now()
@@ -343,7 +353,7 @@ class RetryMachine:
         budget = self.retry_budget
         if budget is not None and not budget.try_acquire_retry():
             return self._give_up("retry_budget", exc, result)
-        event = self._event(exc, result, delay, None)
+        event = self._event(exc, result, delay, None, source)
         self._previous = delay
         self.attempt += 1
         self.wake = now + delay
@@ -375,6 +385,7 @@ class RetryMachine:
         result: object,
         delay: float | None,
         reason: GiveUpReason | None,
+        source: DelaySource | None = None,
     ) -> RetryEvent:
         return RetryEvent(
             policy=self.policy.name,
@@ -384,6 +395,7 @@ class RetryMachine:
             exception=exc,
             result=result,
             reason=reason,
+            delay_source=source,
         )
 
 
