@@ -94,7 +94,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                     wait = call.after_hook(step)
                     if isinstance(wait, GiveUp):
                         yield from _give_up(call, wait)
-                        result = _end(wait)
+                        result = _end(call, wait)
                         call.finish(None)
                         return result
                 yield SLEEP, (wait, step.event.exception)
@@ -129,6 +129,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 if not isinstance(outcome, Retry):
                     if outcome is not None:
                         yield from _give_up(call, outcome)
+                        value = call.kept(outcome)
                     call.finish(None)
                     return value
                 step = outcome
@@ -174,9 +175,9 @@ def _give_up(call: Call, step: GiveUp) -> Flow:
         yield from _hook(call, hook, step)
 
 
-def _end(step: GiveUp) -> Any:
+def _end(call: Call, step: GiveUp) -> Any:
     """Giving up after a hook: raise the last error or keep the result."""
     event = step.event
     if event.exception is not None:
         raise event.exception
-    return event.result
+    return call.kept(step)

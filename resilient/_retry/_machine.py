@@ -22,7 +22,7 @@ from resilient._core._decisions import (
     RetryEvent,
 )
 from resilient._core._hints import default_retry_after
-from resilient._core._transient import http_status
+from resilient._core._transient import Transient, http_status
 from resilient.exceptions import CircuitOpen, Rejected
 
 
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 
 log: Final = logging.getLogger("resilient")
+_DEFAULT_RULE: Final = Transient()
 
 # What the machine reads of a policy (imported for the protocol's sake: it
 # is the API this layer is written against).
@@ -305,7 +306,28 @@ class RetryMachine:
             return None
         if not retry:
             return None
+        if http_status(value) is not None and not self._may_repeat(value):
+            return self._give_up("not_retryable", None, value)
         return self._next(None, value, self._result_hint(value))
+
+    def _may_repeat(self, response: object) -> bool:
+        """
+        Whether the request a response answered may be sent again: the
+        non-idempotent rule of the policy's `Transient` (of the default one
+        when *retry_on* is something else), the same as for errors.
+        """
+        retry_on = self.policy.retry_on
+        rule = retry_on if isinstance(retry_on, Transient) else _DEFAULT_RULE
+        try:
+            return rule.may_repeat(response)
+        except Exception:
+            log.exception(
+                "resilient: reading the request of %r (policy %r) raised; "
+                "the result is not retried",
+                response,
+                self.policy.name,
+            )
+            return False
 
     def _result_hint(self, value: object) -> float | None:
         """A response's own ``Retry-After``, read with the default reader
@@ -371,6 +393,8 @@ class RetryMachine:
         now = self.clock.now()
         if now >= self.deadline:
             event = step.event
+            # The retry *step* counted will not start.
+            self.attempt = event.attempt
             return self._give_up(self._late(), event.exception, event.result)
         return max(0.0, min(self.wake, self.deadline) - now)
 
