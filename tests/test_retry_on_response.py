@@ -131,11 +131,11 @@ def _send(
 
         return send
 
-    async def asend() -> httpx.Response:
+    async def send_async() -> httpx.Response:
         async with httpx.AsyncClient(timeout=10) as c:
             return await c.request(method, url, headers=headers)
 
-    return asend
+    return send_async
 
 
 def test_last_result_raise_carries_the_last_response(
@@ -284,7 +284,7 @@ def test_post_response_with_a_key_is_retried(
 
 def test_requests_post_response_is_not_repeated(server: Server) -> None:
     """requests' responses carry their request too: a POST's 502 is not
-    retried, a GET's is."""
+    retried, one to a GET is."""
     import requests
 
     policy = _policy()
