@@ -147,7 +147,7 @@ class GaveUpOnResult(ResilientError):
         result: The last result; unpickled in another process, its repr
             when the result itself does not pickle.
         attempts: How many attempts were made.
-        reason: Why retrying stopped (a `resilient.lowlevel.GiveUpReason`:
+        reason: Why retrying stopped (a ``GiveUpReason``:
             ``"attempts"``, ``"budget"``, ``"not_retryable"`` for a
             response to a request that may not be repeated, ...).
         policy: The policy's name.

@@ -22,9 +22,9 @@ each effect gave; an exception the effect raised is thrown in instead:
 - ``SETTLE, (tickets, exc, own_timeout)``: ``guards.settle(...)`` or, in
   async code and unless *exc* is a cancellation, ``await
   guards.asettle(...)``; send None.
-- ``NEXT, None`` (block form only): the attempt is decided and will be
-  retried; the block's ``with`` ends here, the loop's next iteration
-  resumes.
+- ``NEXT, step`` (block form only): the attempt is decided and will be
+  retried as *step* (a `Retry`) says; the block's ``with`` ends here, the
+  loop's next iteration resumes.
 - ``FALLBACK, (fallback, exc)`` (decorators and `Policy.call` only): the
   call ended with *exc* and the policy's fallback takes over
   (`resilient._pipeline._fallback`); send what it returned (what it
@@ -86,7 +86,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
         while True:
             if step is not None:
                 if block:
-                    yield NEXT, None
+                    yield NEXT, step
                 wait: float | GiveUp = step.delay
                 hook = call.policy.before_sleep
                 if hook is not None and observable(step.event):
