@@ -206,8 +206,7 @@ class RetryMachine:
     def decide_error(
         self,
         exc: BaseException,
-        *,
-        own_timeout: bool = False,
+        own_timeout: bool = False,  # Positional too: the simulator calls it.
         transient: bool | None = None,
     ) -> float | GiveUpReason:
         """
@@ -229,7 +228,9 @@ class RetryMachine:
                 transient = self.is_transient(exc)
             if not transient:
                 return "not_retryable"
-        return self._next(self._hint(exc))
+        return self._next(
+            None if self.policy.retry_after is None else self._hint(exc)
+        )
 
     def _hint(self, exc: Exception) -> float | None:
         reader = self.policy.retry_after
