@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
 
 log: Final = logging.getLogger("resilient")
+_INF: Final = math.inf
 _DEFAULT_RULE: Final = Transient()
 
 # What the machine reads of a policy (imported for the protocol's sake: it
@@ -305,7 +306,7 @@ class RetryMachine:
         backoff = self.policy.backoff
         try:
             delay = backoff.delay(self.attempt - 1, self._previous, self.rng)
-            if 0.0 <= delay < math.inf:
+            if 0.0 <= delay < _INF:
                 return delay
             log.error(
                 "resilient: backoff %r of policy %r returned %r, which is "
