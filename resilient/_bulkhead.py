@@ -166,12 +166,15 @@ class BulkheadPermit:
         "_bulkhead",
         "_deadline",
         "_reason",
+        "_ref",
         "_since",
         "_state",
         "_wake",
     )
 
     _bulkhead: Bulkhead
+    _ref: weakref.ref[BulkheadPermit]
+    """The weak reference `_holders` holds; set when a slot is taken."""
     _state: int
     _wake: Callable[[], object]
     _since: float
@@ -287,7 +290,7 @@ class BulkheadMachine:
         """Give *permit* a free slot if there is one and nobody queues."""
         with self._lock:
             if self.in_use < self._limit and not self._waiters:
-                ref = weakref.ref(permit)
+                ref = permit._ref = weakref.ref(permit)  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
@@ -319,7 +322,7 @@ class BulkheadMachine:
         with self._lock:
             self._sweep()
             if self.in_use < self._limit and not self._waiters:
-                ref = weakref.ref(permit)
+                ref = permit._ref = weakref.ref(permit)  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 self.in_use += 1
                 self.acquired += 1
@@ -369,7 +372,11 @@ class BulkheadMachine:
         with self._lock:
             state = permit._state  # noqa: SLF001
             if state == _HELD:
-                ref = weakref.ref(permit)
+                # Not a new weak reference: the collector may have cleared
+                # the one `_holders` holds (a permit in a cycle being
+                # collected), and a new one would leave it there for
+                # `_sweep` to count a second time.
+                ref = permit._ref  # noqa: SLF001
                 permit._state = _RELEASED  # noqa: SLF001
                 self.released += 1
                 self.in_use -= 1
@@ -410,7 +417,7 @@ class BulkheadMachine:
                 continue
             if self.in_use >= self._limit:
                 return
-            ref = weakref.ref(permit)
+            ref = permit._ref = weakref.ref(permit)  # noqa: SLF001
             permit._state = _HELD  # noqa: SLF001
             self.in_use += 1
             self.acquired += 1
