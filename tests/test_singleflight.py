@@ -25,6 +25,7 @@ import anyio.lowlevel
 import pytest
 
 import resilient
+from resilient._singleflight import _async, _common
 from resilient._singleflight._machine import (
     ABORTED,
     RUNNING,
@@ -255,9 +256,9 @@ class TestMachine:
         """The first ticket for a key leads; later ones join its flight."""
         m = GroupMachine()
         a, b, c = (Ticket(ThreadWaiter()) for _ in range(3))
-        assert m.join("k", a, is_async=False) is True
-        assert m.join("k", b, is_async=False) is False
-        assert m.join("other", c, is_async=False) is True
+        assert m.join("k", a, is_async=False).owner is a
+        assert m.join("k", b, is_async=False).owner is a
+        assert m.join("other", c, is_async=False).owner is c
         assert a.flight is b.flight is not c.flight
         assert a.flight is not None
         assert a.flight.joined == 1
@@ -902,8 +903,44 @@ async def test_an_execution_aborted_before_it_started_never_runs(
 
     flight = Flight("k", 1, Ticket(ThreadWaiter()), is_async=True)
     group._machine.finish(flight, ABORTED)
-    await group._run(flight, work, (), {})
+    await _async._run(group, flight, work, (), {})
     assert runs == []
+
+
+async def test_an_execution_abandoned_before_it_started_never_runs(
+    anyio_backend: str,
+) -> None:
+    """
+    When the last caller leaves before the execution's task got to run
+    (nothing to cancel yet), the flight is abandoned and out of the map,
+    and the task, once it runs, does not run the work.
+    """
+    group = resilient.SingleFlight()
+    m = group._machine
+    runs: list[int] = []
+
+    async def work() -> None:
+        runs.append(1)
+
+    ticket = Ticket()
+    flight = m.join("k", ticket, is_async=True)
+    flight.spawned = True  # Started, not yet run: `cancel` is still None.
+    _common.leave(m, ticket, None)
+    assert flight.abandoned
+    assert m.flights == {}
+    await _async._run(group, flight, work, (), {})
+    assert runs == []
+    assert group.statistics().abandoned == 1
+
+
+async def test_a_gate_opened_already_lets_a_late_waiter_through(
+    anyio_backend: str,
+) -> None:
+    """A task that waits on a gate after it was woken does not block."""
+    gate = _async.LoopGate(*_async._library())
+    gate.wake()
+    with anyio.fail_after(1):
+        await gate.waiting()
 
 
 async def test_no_task_is_left_behind(anyio_backend: str) -> None:
@@ -1036,7 +1073,7 @@ def _bind(
 
 def test_the_default_key_is_documented() -> None:
     """``(args, sorted kwargs)``: a group shared by hand can forget it."""
-    from resilient._singleflight._group import default_key
+    from resilient._singleflight._decorator import default_key
 
     assert default_key((1,), {"b": 2, "a": 1}) == ((1,), (("a", 1), ("b", 2)))
     assert default_key((), {}) == ((), ())
@@ -1223,6 +1260,21 @@ def test_statistics_and_repr() -> None:
 # -- telemetry ---------------------------------------------------------------
 
 
+def one_leader_three_followers(
+    callers: Callers, group: resilient.SingleFlight, key: object
+) -> None:
+    """One caller leads, three join once it runs; all get its result."""
+    work = callers.work()
+    call = group_caller(callers, group, key, work)
+    futures = [callers.start(call)]
+    waiting(group, 1)
+    futures += callers.many(3, call)
+    waiting(group, 4)
+    work.latch.open()
+    for f in futures:
+        assert f.result(10) is work.results[0]
+
+
 def test_spans_say_who_led_and_how_many_joined(
     callers: Callers, telemetry: Telemetry
 ) -> None:
@@ -1231,15 +1283,7 @@ def test_spans_say_who_led_and_how_many_joined(
     the leader's says how many joined, followers link to it.
     """
     group = resilient.SingleFlight(name="users")
-    work = callers.work()
-    call = group_caller(callers, group, "secret-key", work)
-    futures = [callers.start(call)]
-    waiting(group, 1)
-    futures += callers.many(3, call)
-    waiting(group, 4)
-    work.latch.open()
-    for f in futures:
-        f.result(10)
+    one_leader_three_followers(callers, group, "secret-key")
     wait_until(lambda: len(telemetry.spans()) == 4)
     spans = telemetry.spans()
     roles = sorted(s.attributes["resilient.singleflight.role"] for s in spans)
@@ -1343,3 +1387,125 @@ def test_a_restarted_caller_has_one_span_with_a_restart_event(
     assert [e.name for e in again.events] == ["resilient.singleflight.restart"]
     assert again.attributes["resilient.singleflight.role"] == "leader"
     assert again.attributes["resilient.singleflight.flight"] == 2
+
+
+# -- metrics -----------------------------------------------------------------
+
+
+def _points(telemetry: Telemetry, name: str) -> list[Any]:
+    """The data points of metric *name* (none if it was never recorded)."""
+    data = telemetry.reader.get_metrics_data()
+    if data is None:  # pragma: no cover - nothing recorded at all
+        return []
+    return [
+        point
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        if metric.name == name
+        for point in metric.data.data_points
+    ]
+
+
+def test_metrics_count_executions_joins_and_sharing(
+    callers: Callers, telemetry: Telemetry
+) -> None:
+    """
+    One execution shared by four callers: executions 1, joined 3, and one
+    `callers` histogram point of 4, each labelled with the group's name.
+    """
+    group = resilient.SingleFlight(name="users")
+    one_leader_three_followers(callers, group, "k")
+    wait_until(
+        lambda: len(_points(telemetry, "resilient.singleflight.callers")) == 1
+    )
+    metrics = telemetry.metrics()
+    assert metrics["resilient.singleflight.executions"] == 1
+    assert metrics["resilient.singleflight.joined"] == 3
+    assert "resilient.singleflight.abandoned" not in metrics
+    (shared,) = _points(telemetry, "resilient.singleflight.callers")
+    assert (shared.count, shared.sum) == (1, 4)
+    for name in ("executions", "joined", "callers"):
+        for point in _points(telemetry, f"resilient.singleflight.{name}"):
+            assert dict(point.attributes) == {
+                "resilient.singleflight": "users"
+            }
+    quiet(group)
+
+
+@pytest.mark.parametrize("kind", ["asyncio", "trio"])
+def test_an_abandoned_execution_is_counted(
+    kind: str, telemetry: Telemetry
+) -> None:
+    """The last caller leaving an async execution counts one abandoned."""
+    group = resilient.SingleFlight(name="gone")
+    callers = Callers(kind)
+    work = callers.work()
+    try:
+        futures = callers.many(2, group_caller(callers, group, "k", work))
+        waiting(group, 2)
+        for f in futures:
+            f.cancel()
+        wait_until(lambda: work.cancelled == 1)
+    finally:
+        callers.close()
+    metrics = telemetry.metrics()
+    assert metrics["resilient.singleflight.abandoned"] == 1
+    assert metrics["resilient.singleflight.executions"] == 1
+    quiet(group)
+
+
+def test_metrics_without_a_tracer_provider(driver: Any) -> None:
+    """A meter provider and no tracer provider: the metrics are recorded."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    resilient.configure_telemetry(meter_provider=provider)
+    try:
+        fn = resilient.singleflight(name="alone")(driver.fn(lambda: 5))
+        assert driver.run(fn) == 5
+        data = reader.get_metrics_data()
+    finally:
+        resilient.configure_telemetry()
+        provider.shutdown()
+    assert data is not None
+    names = {
+        m.name
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert {
+        "resilient.singleflight.executions",
+        "resilient.singleflight.callers",
+    } <= names
+
+
+def test_spans_without_a_meter_provider(driver: Any) -> None:
+    """A tracer provider and no meter provider: the spans are made."""
+    t = Telemetry()
+    resilient.configure_telemetry(tracer_provider=t.tracer_provider)
+    try:
+        fn = resilient.singleflight(name="traced")(driver.fn(lambda: 6))
+        assert driver.run(fn) == 6
+    finally:
+        resilient.configure_telemetry()
+        t.tracer_provider.shutdown()
+        t.meter_provider.shutdown()
+    assert [s.name for s in t.spans()] == ["singleflight traced"]
+
+
+def test_the_first_call_looks_for_providers_and_finds_none() -> None:
+    """
+    Before the first look for configured providers, a call looks (and,
+    finding none, records nothing); afterwards telemetry is off.
+    """
+    from resilient._core._telemetry import TELEMETRY, disabled
+
+    resilient.configure_telemetry()
+    TELEMETRY.checked_env = False
+    assert not disabled()
+    assert resilient.SingleFlight().call("k", lambda: 7) == 7
+    assert disabled()

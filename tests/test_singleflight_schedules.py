@@ -152,7 +152,7 @@ async def _run_schedule(
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(schedule=schedules)
 def test_random_cancellations_leave_nothing_behind(
     backend: str, schedule: Schedule

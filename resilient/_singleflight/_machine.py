@@ -1,6 +1,6 @@
 """
 The group machine: key -> flight, each flight with the callers that wait
-for it. No waiting, no I/O: the shells in `_group.py` do that.
+for it. No waiting, no I/O: the shells (`_sync.py`, `_async.py`) do that.
 
 Every caller holds a `Ticket`. `join` makes it the leader of a new flight
 or a member of the one under way; `finish` records the flight's outcome
@@ -71,11 +71,18 @@ class SingleFlightStatistics:
 
 @final
 class Ticket:
-    """One caller of one flight: how to wake it, and the flight it is in."""
+    """
+    One caller of one flight: how to wake it, and the flight it is in.
+
+    The waiter may be shared (every task of one event loop waiting for one
+    flight waits on one gate) and may be set after the join: a caller
+    looks at the flight's state after setting it, so a `finish` that did
+    not see it is one the caller sees.
+    """
 
     __slots__ = ("flight", "waiter")
 
-    def __init__(self, waiter: Waiter) -> None:
+    def __init__(self, waiter: Waiter | None = None) -> None:
         self.waiter = waiter
         self.flight: Flight | None = None
 
@@ -101,6 +108,9 @@ class Flight:
         abandoned: Whether every member left before it ended.
         cancel: Cancels the task (from any thread); set by the runner.
         span: The leader's span, if telemetry is on (followers link to it).
+        gates: The async shell's wake-ups, one per event loop that has
+            callers waiting (see `Ticket`).
+        gate: The one of the execution's own event loop (async).
         woken: Whether `finish` woke every member (an interrupted `finish`
             is done again by the leader's `leave`).
     """
@@ -109,6 +119,8 @@ class Flight:
         "abandoned",
         "cancel",
         "error",
+        "gate",
+        "gates",
         "home",
         "is_async",
         "joined",
@@ -142,6 +154,8 @@ class Flight:
         self.abandoned = False
         self.cancel: Any = None
         self.span: Any = None
+        self.gates: dict[object, Any] = {}
+        self.gate: Any = None
         self.woken = False
 
     def __repr__(self) -> str:
@@ -173,16 +187,21 @@ class GroupMachine:
         self._joined = 0
         self._abandoned = 0
 
-    def join(self, key: Hashable, ticket: Ticket, *, is_async: bool) -> bool:
+    def join(self, key: Hashable, ticket: Ticket, *, is_async: bool) -> Flight:
         """
         Put *ticket* in the flight for *key*, starting one if none is under
-        way; True when it leads (it must then run the execution).
+        way: the flight, which *ticket* leads if it is its `owner` (it must
+        then run the execution).
 
         Raises:
             TypeError: *key* is unhashable (nothing changed).
         """
         with self._lock:
-            flight = self.flights.get(key)
+            try:
+                flight = self.flights.get(key)
+            except TypeError:
+                _refuse_unhashable(key)
+                raise
             if flight is None:
                 self._executions += 1
                 flight = Flight(
@@ -192,12 +211,12 @@ class GroupMachine:
                 flight.members.add(ticket)
                 self._running.add(flight)
                 self.flights[key] = flight
-                return True
+                return flight
             ticket.flight = flight
             flight.members.add(ticket)
             flight.joined += 1
             self._joined += 1
-            return False
+            return flight
 
     def finish(
         self,
@@ -227,9 +246,11 @@ class GroupMachine:
             self._drop(flight)
             if flight.woken:
                 return
-            members = list(flight.members)
-        for ticket in members:
-            ticket.waiter.wake()
+            # Each waiter once: many tickets can share one.
+            waiters = {t.waiter for t in flight.members}
+        waiters.discard(None)
+        for waiter in waiters:
+            waiter.wake()  # type: ignore[union-attr]
         flight.woken = True
 
     def leave(self, ticket: Ticket) -> Flight | None:
@@ -285,3 +306,14 @@ class GroupMachine:
                 joined=self._joined,
                 abandoned=self._abandoned,
             )
+
+
+def _refuse_unhashable(key: object) -> None:
+    """Raise a clear TypeError if *key* cannot be hashed (else return)."""
+    try:
+        hash(key)
+    except TypeError as exc:
+        raise TypeError(
+            f"resilient: a singleflight key must be hashable, got "
+            f"{type(key).__name__}: {exc}"
+        ) from None

@@ -1,0 +1,354 @@
+"""
+The async shell (asyncio, trio): the execution runs in a task of its own,
+spawned by the leader in its event loop (an asyncio task the group keeps a
+reference to; a trio system task, which belongs to the run's system
+nursery). The leader then waits like any follower, so a cancelled leader
+leaves alone, like anyone else; the last caller to leave cancels the
+execution. The task runs outside every caller's deadline and cancel scope
+(its context is the leader's, with those reset): what bounds it is its
+callers, each waiting up to its own deadline.
+
+The tasks of one event loop that wait for one flight share one `LoopGate`,
+woken by one call (one hand-off from another thread) when the flight ends:
+on asyncio each task awaits a bare future of its own (a cancelled one
+cancels nothing else), on trio they all park on one `trio.Event`. Nothing
+else is made per caller but its `Ticket`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import math
+import threading
+from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+
+import anyio
+import anyio.lowlevel
+import sniffio
+from opentelemetry import context as otel_context
+from opentelemetry import trace as otel_trace
+
+from resilient._core import _clock
+from resilient._core._clock import MonotonicClock
+from resilient._core._telemetry import disabled
+from resilient._singleflight._common import (
+    EXECUTING,
+    deadline_error,
+    leave,
+    note,
+    outcome,
+)
+from resilient._singleflight._machine import (
+    ABORTED,
+    ERROR,
+    RUNNING,
+    VALUE,
+    Flight,
+    Ticket,
+)
+from resilient._singleflight._report import recorder
+from resilient._wait import wait_slice
+
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Coroutine, Hashable
+
+    from resilient._singleflight._group import SingleFlight
+    from resilient._singleflight._report import Recorder
+
+
+T = TypeVar("T")
+
+# asyncio keeps only weak references to tasks: the running executions.
+_TASKS: Final[set[asyncio.Task[None]]] = set()
+
+
+@final
+class LoopGate:
+    """
+    Every task of one event loop waiting for one flight, woken at once:
+    from the loop's thread directly, from any other through the loop's
+    thread-safe hand-off (a closed loop has nobody left to wake).
+
+    asyncio: a future per waiter (a cancelled one is its own affair), all
+    set by one call; trio: one `trio.Event`, whose waiters park on its lot.
+    """
+
+    __slots__ = (
+        "_event",
+        "_futures",
+        "_new",
+        "_set_yet",
+        "_soon",
+        "home",
+        "trio",
+    )
+
+    def __init__(self, library: str, loop: Any) -> None:
+        self.home = threading.get_ident()
+        """The thread of its event loop."""
+        self.trio = library == "trio"
+        self._set_yet = False
+        self._futures: dict[asyncio.Future[None], None] | None = None
+        if self.trio:
+            import trio  # noqa: PLC0415
+
+            self._event: Any = trio.Event()
+            self._soon = loop.run_sync_soon
+        else:
+            self._futures = {}
+            self._event = None
+            self._new = loop.create_future
+            self._soon = loop.call_soon_threadsafe
+
+    def waiting(self) -> Awaitable[object]:
+        """What the waiting task awaits (once); done when woken."""
+        futures = self._futures
+        if futures is None:
+            return self._event.wait()  # type: ignore[no-any-return]
+        fut: asyncio.Future[None] = self._new()
+        if self._set_yet:
+            fut.set_result(None)
+        else:
+            futures[fut] = None
+        return fut
+
+    def forget(self, fut: Awaitable[object]) -> None:
+        """A waiting that timed out: drop its future (asyncio)."""
+        if self._futures is not None:
+            self._futures.pop(fut, None)  # type: ignore[call-overload]
+
+    def wake(self) -> None:
+        """Wake every waiting task (once is enough; more are harmless)."""
+        with contextlib.suppress(RuntimeError):  # The loop is gone.
+            if threading.get_ident() == self.home:
+                self._set()
+            else:
+                self._soon(self._set)
+
+    def _set(self) -> None:
+        futures = self._futures
+        if futures is None:
+            self._event.set()
+            return
+        self._set_yet = True
+        self._futures = {}
+        for fut in futures:
+            try:  # noqa: SIM105 - no context manager per waiter
+                fut.set_result(None)
+            except asyncio.InvalidStateError:  # Its waiter was cancelled.
+                pass
+
+
+def _library() -> tuple[str, Any]:
+    """The async library running this task, and its loop (trio: token)."""
+    if sniffio.thread_local.name == "trio":  # Set by trio while it runs.
+        import trio  # noqa: PLC0415
+
+        return "trio", trio.lowlevel.current_trio_token()
+    return "asyncio", asyncio.get_running_loop()
+
+
+def gate(flight: Flight) -> LoopGate:
+    """
+    The gate of this task's event loop for *flight* (made once; the
+    leader's is the flight's `gate`, which its loop's tasks use directly).
+    """
+    library, loop = _library()
+    g: LoopGate | None = flight.gates.get(loop)
+    if g is None:
+        # Only this loop's thread makes its gate: no race.
+        g = flight.gates[loop] = LoopGate(library, loop)
+    return g
+
+
+def acall(
+    group: SingleFlight,
+    key: Hashable,
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Coroutine[Any, Any, T]:
+    """
+    `SingleFlight.acall`, with the caller's telemetry if any is set: the
+    coroutine to await (one frame fewer for every waiting task).
+    """
+    rec = None if disabled() else recorder(group.name)
+    if rec is None:
+        return fly(group, key, fn, args, kwargs, rec=None)
+    return _recorded(group, key, fn, args, kwargs, rec=rec)
+
+
+async def _recorded(
+    group: SingleFlight,
+    key: Hashable,
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    rec: Recorder,
+) -> T:
+    with rec:
+        return await fly(group, key, fn, args, kwargs, rec=rec)
+
+
+async def fly(
+    group: SingleFlight,
+    key: Hashable,
+    fn: Callable[..., Awaitable[T]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    rec: Recorder | None,
+) -> T:
+    # The hot path of every waiting task, so a few steps are inlined: the
+    # gate of the execution's own loop, the deadline read, the value.
+    m = group._machine  # noqa: SLF001
+    while True:
+        ticket = Ticket()
+        try:
+            flight = m.join(key, ticket, is_async=True)
+            if rec is not None:
+                rec.joined(flight, leads=flight.owner is ticket)
+            if flight.owner is ticket:
+                _spawn(group, flight, fn, args, kwargs)
+            elif flight in EXECUTING.get():
+                raise RuntimeError(
+                    f"resilient: singleflight {group.name!r}: called from "
+                    "inside the execution it would wait for; waiting would "
+                    "never end"
+                )
+            waiter = flight.gate
+            if (
+                waiter is None
+                or waiter.home != threading.get_ident()
+                or waiter.trio is not (sniffio.thread_local.name == "trio")
+            ):
+                waiter = gate(flight)  # Not the execution's event loop.
+            # Set before the state is read: a `finish` that missed it is
+            # one we see.
+            ticket.waiter = waiter
+            at = _clock._DEADLINE.get()  # noqa: SLF001
+            if at == math.inf:
+                while flight.state == RUNNING:
+                    await waiter.waiting()
+            else:
+                await _wait_until(group, flight, waiter, at)
+        finally:
+            ended = ticket.flight
+            if ended is not None and not ended.woken:
+                leave(m, ticket, rec)  # (A woken caller has nothing to undo.)
+        if flight.state == VALUE:
+            return flight.value  # type: ignore[no-any-return]
+        outcome(flight, ticket, rec)  # Raises, or we start over.
+
+
+async def _wait_until(
+    group: SingleFlight, flight: Flight, waiter: LoopGate, at: float
+) -> None:
+    """Wait until *flight* ends, or raise at the caller's deadline *at*."""
+    clock = _clock.get_clock()
+    exact = type(clock) is MonotonicClock
+    while flight.state == RUNNING:
+        now = clock.now()
+        if now >= at:
+            raise deadline_error(group.name, flight, at)
+        with anyio.move_on_after(wait_slice(at, now, exact=exact)):
+            waiting = waiter.waiting()
+            await waiting
+        waiter.forget(waiting)
+
+
+def _spawn(
+    group: SingleFlight,
+    flight: Flight,
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """Start the execution in a task of its own, outside our scopes."""
+    context = contextvars.copy_context()
+    context.run(_detach, flight)
+    flight.gate = g = gate(flight)
+    if g.trio:
+        import trio  # noqa: PLC0415
+
+        trio.lowlevel.spawn_system_task(
+            _run,
+            group,
+            flight,
+            fn,
+            args,
+            kwargs,
+            name=f"singleflight {group.name}",
+            context=context,
+        )
+    else:
+        task = asyncio.get_running_loop().create_task(
+            _run(group, flight, fn, args, kwargs), context=context
+        )
+        _TASKS.add(task)
+        task.add_done_callback(_TASKS.discard)
+    flight.spawned = True
+
+
+async def _run(
+    group: SingleFlight,
+    flight: Flight,
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """The execution's task: run *fn*, record its outcome, wake all."""
+    m = group._machine  # noqa: SLF001
+    try:
+        if flight.state != RUNNING:
+            return
+        with anyio.CancelScope() as scope:
+            flight.cancel = _canceller(scope)
+            if flight.abandoned:
+                return
+            try:
+                value = await fn(*args, **kwargs)
+            except Exception as exc:  # noqa: BLE001
+                m.finish(
+                    flight, ERROR, error=exc, note=note(group.name, flight)
+                )
+            else:
+                m.finish(flight, VALUE, value)
+    except anyio.get_cancelled_exc_class():
+        raise  # The event loop is closing down: the callers start over.
+    except BaseException as exc:
+        m.finish(flight, ABORTED, error=exc)
+        if flight.owner not in flight.members:  # pragma: no cover
+            raise  # Nobody to hand it to: let it end the loop.
+    finally:
+        m.finish(flight, ABORTED)
+
+
+def _detach(flight: Flight) -> None:
+    """In the execution's context: no caller's deadline or scope."""
+    _clock._DEADLINE.set(math.inf)  # noqa: SLF001
+    _clock._SCOPE.set(None)  # noqa: SLF001
+    EXECUTING.set(EXECUTING.get() | {flight})
+    if flight.span is not None:
+        otel_context.attach(otel_trace.set_span_in_context(flight.span))
+
+
+def _canceller(scope: anyio.CancelScope) -> Callable[[], None]:
+    """Cancels *scope* from any thread (through its event loop)."""
+    token = anyio.lowlevel.current_token()
+    home = threading.get_ident()
+
+    def cancel() -> None:
+        if threading.get_ident() == home:
+            scope.cancel()
+            return
+        with contextlib.suppress(RuntimeError):  # The loop is gone.
+            token.backend_class.run_sync_soon(
+                scope.cancel, (), token.native_token
+            )
+
+    return cancel
