@@ -360,3 +360,31 @@ def test_transient_may_repeat() -> None:
     assert rule.may_repeat(httpx.Response(502))  # no request to read
     assert not rule.may_repeat(httpx.ReadTimeout("slow", request=post))
     assert rule.may_repeat(httpx.ConnectError("refused", request=post))
+
+
+def test_gave_up_on_result_pickles_an_unpicklable_result_as_its_repr() -> None:
+    """GaveUpOnResult crosses a process boundary even when its result does
+    not pickle (a live response, a lambda): the copy carries its repr."""
+    import pickle
+
+    err = resilient.GaveUpOnResult(lambda: 1, 2, "attempts", "p")
+    copy = pickle.loads(pickle.dumps(err))  # noqa: S301 - our own bytes
+    assert isinstance(copy.result, str)
+    assert copy.result.startswith("<function")
+    assert (copy.attempts, copy.reason, copy.policy) == (2, "attempts", "p")
+    assert str(copy) == str(err)
+
+
+def test_gave_up_on_result_message_survives_any_result() -> None:
+    """The message shows a long result cut short, and a result whose repr
+    raises by its type, never failing itself."""
+
+    class Broken:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    long = resilient.GaveUpOnResult("x" * 500, 1, "attempts", "p")
+    assert str(long).endswith("...")
+    assert len(str(long)) < 300
+    broken = resilient.GaveUpOnResult(Broken(), 1, "attempts", "p")
+    assert str(broken).endswith(".Broken object>")
