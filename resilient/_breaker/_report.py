@@ -1,6 +1,7 @@
 """
 What a breaker tells telemetry: span events on the caller's current span
-and two counters, for state changes and rejections.
+and two counters, for state changes and rejections; state changes are
+logged too (`resilient._core._logging`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, final
 
 from opentelemetry import trace as otel_trace
 
+from resilient._core._logging import breaker_transition
 from resilient._core._telemetry import disabled, instruments
 
 
@@ -57,7 +59,8 @@ def _report(
 
 
 def report_transition(event: BreakerTransition) -> None:
-    """A state change: a counter and a span event."""
+    """A state change: a log record, a counter and a span event."""
+    breaker_transition(event)
     labels = {
         "resilient.breaker": event.name,
         "resilient.breaker.from": event.old.value,

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import anyio
 
-from resilient._core import _clock, _state
+from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
-from resilient._core._telemetry import recorder
+from resilient._core._telemetry import is_rejection, recorder
 from resilient._retry._machine import RetryMachine, note
 from resilient.exceptions import DeadlineExceeded
 
@@ -153,16 +153,24 @@ class Call:
             and exc.deadline == self._at
         )
         step = self.machine.on_error(exc, own_timeout=own)
+        rec = self._rec
         if isinstance(step, GiveUp):
             if isinstance(exc, Exception):
                 note(exc, step)
                 if step.reason == "retry_budget":
                     budget = self.guards.budget  # type: ignore[union-attr]
                     _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
-                if self._rec is not None:
-                    self._rec.gave_up(step.event)
-        elif self._rec is not None:
-            self._rec.retrying(step.event)
+                if rec is not None:
+                    rec.gave_up(step.event)
+                _logging.gave_up(step.event)
+        elif is_rejection(exc):
+            if rec is not None:
+                rec.rejected(step.event)
+            _logging.rejection_outwaited(step.event)
+        else:
+            if rec is not None:
+                rec.retrying(step.event)
+            _logging.retry_scheduled(step.event)
         return step
 
     def returned(self, value: object) -> Retry | GiveUp | None:
@@ -170,11 +178,16 @@ class Call:
         if self.policy.retry_if_result is None:
             return None
         step = self.machine.on_result(value)
-        if self._rec is not None and step is not None:
+        if step is not None:
+            rec = self._rec
             if isinstance(step, GiveUp):
-                self._rec.gave_up(step.event)
+                if rec is not None:
+                    rec.gave_up(step.event)
+                _logging.gave_up(step.event)
             else:
-                self._rec.retrying(step.event)
+                if rec is not None:
+                    rec.retrying(step.event)
+                _logging.retry_scheduled(step.event)
         return step
 
     def after_hook(self, step: Retry) -> float | GiveUp:
@@ -186,25 +199,20 @@ class Call:
                 note(exc, wait)
             if self._rec is not None:
                 self._rec.gave_up(wait.event)
+            _logging.gave_up(wait.event)
         return wait
 
     def fell_back(self, exc: BaseException) -> None:
         """The policy's fallback takes over from *exc*: an event (and an
         attribute) on the call's span."""
-        rec = self._rec
-        # The call span itself: CallRecorder has no method for events of
-        # the outer stages yet.
-        span = getattr(rec, "_span", None)
-        if span is not None:
-            kind = type(exc).__qualname__
-            span.add_event("resilient.fallback", {"exception.type": kind})
-            span.set_attribute("resilient.fallback", kind)
+        if self._rec is not None:
+            self._rec.fell_back(exc)
 
     def finish(self, exc: BaseException | None) -> None:
         """Close the call's telemetry (idempotent)."""
         rec, self._rec = self._rec, None
         if rec is not None:
-            rec.ended(exc, self.attempt)
+            rec.ended(exc)
 
     def abort(self, exc: BaseException | None) -> None:
         """Any other way out: undo every context change, end every span."""
