@@ -16,6 +16,7 @@ emitters run on failure paths only, never on a first attempt's success.
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Final
 
 from resilient._core._telemetry import TELEMETRY, bounded, type_name
@@ -50,6 +51,7 @@ NOT_RETRIED_LEVEL: Final = logging.DEBUG
 give-up, only the answer to "why was this not retried?"."""
 
 _OPENED_LEVEL: Final = logging.WARNING
+_OPEN_STATES: Final = frozenset({"open", "forced_open"})
 _OTHER_LEVEL: Final = logging.INFO
 
 
@@ -175,9 +177,11 @@ def gave_up(event: RetryEvent) -> None:
 
 
 def breaker_transition(event: BreakerTransition) -> None:
-    """A breaker changed state: opening is a warning, the rest info."""
+    """A breaker changed state: opening (or being forced open) is a
+    warning, the rest info."""
     new = event.new.value
-    level = _OPENED_LEVEL if new == "open" else _OTHER_LEVEL
+    opened = new in _OPEN_STATES
+    level = _OPENED_LEVEL if opened else _OTHER_LEVEL
     log = BREAKER
     if not log.isEnabledFor(level):
         return
@@ -188,13 +192,14 @@ def breaker_transition(event: BreakerTransition) -> None:
         "resilient_breaker_reason": event.reason,
         "resilient_breaker_retry_after": event.retry_after,
     }
-    when = (
-        "; next probe in %.3f s" % event.retry_after  # noqa: UP031 - one float
-        if new == "open" and event.retry_after != float("inf")
-        else "; until reset"
-        if new == "open"
-        else ""
-    )
+    when = ""
+    if opened:
+        wait = event.retry_after
+        when = (
+            "; until reset"
+            if wait == math.inf
+            else f"; next probe in {wait:.3f} s"
+        )
     log.log(
         level,
         "resilient: breaker %r %s -> %s (%s)%s",
