@@ -338,14 +338,20 @@ def test_a_rejection_at_admission_is_an_event(
     The policy's own breaker, opened by others while the call waited,
     rejects its second attempt at admission: a ``resilient.rejected`` event
     on the call span (no attempt span, no retry counted), then the attempt.
+    The call span is current while admitting, so the breaker's own events
+    (its rejection, its half-opening) land on it too.
     """
     config = _breaker_config()
 
+    tripped: list[object] = []
+
     def trip(event: object) -> None:
-        shared = resilient.breaker("dep", config)
-        for _ in range(2):
-            with pytest.raises(ConnectionError), shared:
-                raise ConnectionError("others fail")
+        if tripped:
+            return
+        tripped.append(event)
+        # The first attempt's failure and this one fill the window.
+        with pytest.raises(ConnectionError), resilient.breaker("dep", config):
+            raise ConnectionError("another caller fails")
 
     policy = Policy(
         name="dep",
@@ -360,8 +366,20 @@ def test_a_rejection_at_admission_is_an_event(
     assert [s.attributes["resilient.attempt"] for s in attempts] == [1, 2]
     (call,) = [s for s in spans if s.name == "dep"]
     names = [e.name for e in call.events]
-    assert names == ["resilient.retry", "resilient.rejected"]
-    assert call.events[1].attributes["resilient.breaker"] == "dep"
+    assert names == [
+        "resilient.retry",
+        "resilient.breaker.state_change",  # The hook's callers opened it.
+        "resilient.breaker.rejected",
+        "resilient.rejected",
+        "resilient.breaker.state_change",
+    ]
+    states = [
+        e.attributes["resilient.breaker.state"]
+        for e in call.events
+        if e.name == "resilient.breaker.state_change"
+    ]
+    assert states == ["open", "half_open"]
+    assert call.events[3].attributes["resilient.breaker"] == "dep"
     assert call.attributes["resilient.attempts"] == 2
     metrics = telemetry.metrics()
     assert metrics["resilient.retries"] == 1

@@ -318,6 +318,7 @@ class CallRecorder:
 
     __slots__ = (
         "_attempt",
+        "_call_token",
         "_ctx",
         "_instruments",
         "_labels",
@@ -345,9 +346,25 @@ class CallRecorder:
         self._made = 0
         """Attempts made: ended, and not rejected before they ran."""
         self._token: object = None
+        self._call_token: object = None
         if tracer is not None:
             self._span = tracer.start_span(policy, attributes=self._labels)
             self._ctx = otel_trace.set_span_in_context(self._span)
+
+    def enter(self) -> None:
+        """
+        Make the call span current between attempts (admission, hooks), so
+        that what the stages report then (a breaker's rejection or state
+        change, a bulkhead's refusal) lands on it.
+        """
+        if self._span is not None and self._call_token is None:
+            self._call_token = otel_context.attach(self._ctx)
+
+    def exit(self) -> None:
+        """Undo `enter` (idempotent)."""
+        token, self._call_token = self._call_token, None
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
 
     def attempt_started(self, number: int) -> None:
         """Open the attempt's span and make it current."""
@@ -462,6 +479,7 @@ class CallRecorder:
         Close the call's span (and a dangling attempt span, if any), with
         the number of attempts made (``resilient.attempts``).
         """
+        self.exit()
         if self._open:
             self.attempt_ended(exc)
         span, self._span = self._span, None

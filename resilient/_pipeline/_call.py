@@ -3,8 +3,8 @@ One call's state, shared by every driver: the clock, the lazily made retry
 machine, the telemetry recorder, the guards and the deadline tokens.
 
 Every context change it makes (the deadline context variable, the attempt
-span made current) is undone by `end_attempt`, `exit_deadline` or, on any
-other way out, `abort`.
+span made current, the call span made current between attempts) is undone
+by `end_attempt`, `exit_deadline` or, on any other way out, `abort`.
 """
 
 from __future__ import annotations
@@ -116,14 +116,19 @@ class Call:
         return 1 if self._machine is None else self._machine.attempt
 
     def enter_deadline(self) -> None:
-        """Make the call's deadline current (admission waits, hooks)."""
+        """Make the call's deadline current (admission waits, hooks), and
+        its span."""
         self._token = _DEADLINE.set(self._deadline)
+        if self._rec is not None:
+            self._rec.enter()
 
     def exit_deadline(self) -> None:
         """Undo `enter_deadline` (idempotent)."""
         token, self._token = self._token, None
         if token is not None:
             _DEADLINE.reset(token)
+        if self._rec is not None:
+            self._rec.exit()
 
     def start_attempt(self) -> float:
         """Open the attempt's span and make its deadline current."""
