@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
@@ -557,3 +558,46 @@ def test_a_retried_result_names_no_exception(
     for event in call.events:
         assert "exception.type" not in event.attributes
     assert call.attributes["resilient.give_up.reason"] == "attempts"
+
+
+def test_a_singleflight_failure_names_its_type_the_same_way(
+    driver: Driver, telemetry: Telemetry
+) -> None:
+    """A failed singleflight caller's span names the error's type fully
+    qualified, like every other span, with no traceback."""
+
+    def body() -> None:
+        raise Flaky("reset")
+
+    fn = resilient.singleflight(name="shared")(driver.fn(body))
+    with pytest.raises(Flaky):
+        driver.run(fn)
+    (span,) = telemetry.spans()
+    (event,) = span.events
+    assert dict(event.attributes) == {
+        "exception.type": "tests.test_telemetry.Flaky",
+        "exception.message": "reset",
+    }
+    assert span.status.description == "tests.test_telemetry.Flaky"
+
+
+def test_leaving_the_call_span_survives_a_lost_token(
+    telemetry: Telemetry,
+) -> None:
+    """When an asynchronous exception lands after the call span was made
+    current but before its token was kept, leaving still restores the
+    caller's context."""
+    rec = _telemetry.recorder("lost")
+    assert rec is not None
+    rec.enter()
+    rec.exit()
+    assert trace.get_current_span() is trace.INVALID_SPAN
+    # The interrupted `enter`: the context to go back to was kept, the
+    # token was not.
+    rec._outside = otel_context.get_current()
+    otel_context.attach(rec._ctx)
+    assert trace.get_current_span() is not trace.INVALID_SPAN
+    rec.exit()
+    assert trace.get_current_span() is trace.INVALID_SPAN
+    rec.ended(None)
+    assert [s.name for s in telemetry.spans()] == ["lost"]

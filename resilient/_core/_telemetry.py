@@ -325,6 +325,7 @@ class CallRecorder:
         "_made",
         "_name",
         "_open",
+        "_outside",
         "_span",
         "_token",
         "_tracer",
@@ -347,6 +348,7 @@ class CallRecorder:
         """Attempts made: ended, and not rejected before they ran."""
         self._token: object = None
         self._call_token: object = None
+        self._outside: otel_context.Context | None = None
         if tracer is not None:
             self._span = tracer.start_span(policy, attributes=self._labels)
             self._ctx = otel_trace.set_span_in_context(self._span)
@@ -358,13 +360,20 @@ class CallRecorder:
         change, a bulkhead's refusal) lands on it.
         """
         if self._span is not None and self._call_token is None:
+            # The context to go back to is kept first: an asynchronous
+            # exception landing before the token is kept is undone by
+            # `exit` all the same.
+            self._outside = otel_context.get_current()
             self._call_token = otel_context.attach(self._ctx)
 
     def exit(self) -> None:
         """Undo `enter` (idempotent)."""
         token, self._call_token = self._call_token, None
+        outside, self._outside = self._outside, None
         if token is not None:
             otel_context.detach(token)  # type: ignore[arg-type]
+        elif outside is not None and otel_context.get_current() is self._ctx:
+            otel_context.attach(outside)
 
     def attempt_started(self, number: int) -> None:
         """Open the attempt's span and make it current."""

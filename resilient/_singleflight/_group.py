@@ -47,7 +47,7 @@ from resilient._core import _clock
 from resilient._core._clock import MonotonicClock
 from resilient._core._decorate import decorate
 from resilient._core._loops import current_async_library
-from resilient._core._telemetry import TELEMETRY, disabled
+from resilient._core._telemetry import TELEMETRY, disabled, record_failure
 from resilient._core._validate import check_name
 from resilient._singleflight._machine import (
     ABORTED,
@@ -642,8 +642,7 @@ class _Traced:
         if exc is None:
             span.set_status(Status(StatusCode.OK))
         else:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+            record_failure(span, exc)  # Bounded; no traceback.
         span.end()
 
 
