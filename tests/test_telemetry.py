@@ -601,3 +601,85 @@ def test_leaving_the_call_span_survives_a_lost_token(
     assert trace.get_current_span() is trace.INVALID_SPAN
     rec.ended(None)
     assert [s.name for s in telemetry.spans()] == ["lost"]
+
+
+def test_metrics_alone_count_attempts_without_rejections(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """With a meter provider and no tracer provider, the attempts metric
+    still leaves out an attempt a breaker inside it rejected."""
+    resilient.configure_telemetry(meter_provider=telemetry.meter_provider)
+    breaker = resilient.breaker("inner", _breaker_config())
+    replies = ["fail", "fail", "ok"]
+
+    def body() -> str:
+        with breaker:
+            reply = replies.pop(0)
+            if reply == "fail":
+                raise ConnectionError("refused")
+            return reply
+
+    policy = Policy(
+        name="outer", attempts=4, budget=None, backoff=Constant(seconds=0)
+    )
+    assert driver.call(resilient.retry(policy), body) == "ok"
+    assert telemetry.spans() == []
+    metrics = telemetry.metrics()
+    assert metrics["resilient.attempts"] == 3
+    assert metrics["resilient.retries"] == 2
+    assert "resilient.give_ups" not in metrics
+
+
+def test_a_full_bulkhead_that_ends_a_retried_call_is_named(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A retried call that a full bulkhead then refuses gives up naming the
+    bulkhead, on the give-up event."""
+    config = resilient.BulkheadConfig(max_concurrent=1, max_wait=0)
+    held: list[Any] = []
+
+    def hold(event: object) -> None:
+        held.append(resilient.bulkhead("pool", config).acquire())
+
+    policy = Policy(
+        name="pool",
+        bulkhead=config,
+        retry_on=(ConnectionError,),
+        backoff=Constant(seconds=0),
+        before_sleep=hold,
+    )
+    with pytest.raises(resilient.BulkheadFull):
+        driver.call(policy, flaky(5))
+    for permit in held:
+        permit.release()
+    (call,) = [s for s in telemetry.spans() if s.name == "pool"]
+    (give_up,) = [e for e in call.events if e.name == "resilient.give_up"]
+    assert give_up.attributes["resilient.bulkhead"] == "pool"
+    assert give_up.attributes["resilient.reason"] == "not_retryable"
+    assert give_up.attributes["exception.type"] == (
+        "resilient.exceptions.BulkheadFull"
+    )
+    assert call.attributes["resilient.attempts"] == 1
+
+
+def test_a_dangling_attempt_span_ends_with_the_call(
+    telemetry: Telemetry,
+) -> None:
+    """A call that ends while an attempt is open ends (and counts) that
+    attempt too; ending an attempt twice changes nothing."""
+    rec = _telemetry.recorder("dangling")
+    assert rec is not None
+    rec.attempt_started(1)
+    rec.attempt_ended(None)
+    rec.attempt_ended(None)
+    rec.attempt_started(2)
+    rec.ended(KeyError("stop"))
+    spans = telemetry.spans()
+    assert [s.name for s in spans] == [
+        "dangling attempt",
+        "dangling attempt",
+        "dangling",
+    ]
+    assert spans[1].status.status_code is StatusCode.ERROR
+    assert spans[2].attributes["resilient.attempts"] == 2
+    assert telemetry.metrics()["resilient.attempts"] == 2
