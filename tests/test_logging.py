@@ -429,3 +429,17 @@ def test_a_bulkhead_rejection_names_the_bulkhead() -> None:
     other = resilient.Rejected()
     assert _logging._stage({}, other) == "resilient.exceptions.Rejected"
     assert _logging._stage({}, None) == "a stage"
+
+
+def test_one_allowed_attempt_is_no_give_up(
+    driver: Driver, clock: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    """A policy that allows one attempt logs its failure at DEBUG, not as
+    a give-up."""
+    policy = Policy(name="once", attempts=1)
+    with pytest.raises(ConnectionError):
+        driver.call(resilient.retry(policy), flaky(5))
+    (record,) = records(logs)
+    assert record.levelno == logging.DEBUG
+    assert record.resilient_reason == "attempts"  # type: ignore[attr-defined]
+    assert record.getMessage().endswith("; not retried (1 attempt)")

@@ -683,3 +683,29 @@ def test_a_dangling_attempt_span_ends_with_the_call(
     assert spans[1].status.status_code is StatusCode.ERROR
     assert spans[2].attributes["resilient.attempts"] == 2
     assert telemetry.metrics()["resilient.attempts"] == 2
+
+
+def test_one_allowed_attempt_is_no_give_up(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A policy that allows one attempt does not retry: its failure is a
+    plain failure, not a give-up (reason ``attempts``)."""
+    policy = Policy(name="once", attempts=1)
+    with pytest.raises(ConnectionError):
+        driver.call(resilient.retry(policy), flaky(5))
+    (call,) = [s for s in telemetry.spans() if s.name == "once"]
+    assert "resilient.give_up.reason" not in call.attributes
+    assert "resilient.give_ups" not in telemetry.metrics()
+
+
+def test_a_budget_too_short_for_any_retry_is_a_give_up(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A first attempt whose retry cannot start within the budget is a
+    give-up: retrying stopped on time, not by choice."""
+    policy = Policy(name="short", budget=1.0, backoff=Constant(seconds=2))
+    with pytest.raises(ConnectionError):
+        driver.call(resilient.retry(policy), flaky(5))
+    (call,) = [s for s in telemetry.spans() if s.name == "short"]
+    assert call.attributes["resilient.give_up.reason"] == "budget"
+    assert telemetry.metrics()["resilient.give_ups"] == 1

@@ -19,7 +19,12 @@ import logging
 import math
 from typing import TYPE_CHECKING, Final
 
-from resilient._core._telemetry import TELEMETRY, bounded, type_name
+from resilient._core._telemetry import (
+    TELEMETRY,
+    bounded,
+    is_give_up,
+    type_name,
+)
 from resilient._core._transient import http_status
 from resilient.exceptions import BulkheadFull, CircuitOpen, Rejected
 
@@ -47,8 +52,9 @@ GIVE_UP_LEVEL: Final = logging.WARNING
 (a fallback may answer); ERROR here would log each failure twice."""
 
 NOT_RETRIED_LEVEL: Final = logging.DEBUG
-"""A first attempt's failure the policy does not retry (a 404): not a
-give-up, only the answer to "why was this not retried?"."""
+"""A first attempt's failure the policy does not retry (a 404, or any
+error when it allows one attempt): not a give-up, only the answer to "why
+was this not retried?"."""
 
 _OPENED_LEVEL: Final = logging.WARNING
 _OPEN_STATES: Final = frozenset({"open", "forced_open"})
@@ -144,16 +150,17 @@ def _stage(extra: dict[str, object], exc: BaseException | None) -> str:
 
 def gave_up(event: RetryEvent) -> None:
     """Retrying stopped without success (see `is_give_up`)."""
-    if event.reason == "not_retryable" and event.attempt == 1:
+    if not is_give_up(event):
         log = RETRY
         if log.isEnabledFor(NOT_RETRIED_LEVEL):
             extra = _base(event)
-            extra["resilient_reason"] = event.reason
+            extra["resilient_reason"] = reason = event.reason
             what = _failure(extra, event.exception, event.result)
             log.debug(
-                "resilient: %r attempt 1 %s; not retried (not retryable)",
+                "resilient: %r attempt 1 %s; not retried (%s)",
                 extra["resilient_policy"],
                 what,
+                "not retryable" if reason == "not_retryable" else "1 attempt",
                 extra=extra,
             )
         return

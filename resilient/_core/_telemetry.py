@@ -291,12 +291,16 @@ def is_rejection(exc: BaseException | None) -> bool:
 
 def is_give_up(event: RetryEvent) -> bool:
     """
-    Whether *event* is a real give-up: retrying stopped although the call
-    had been retried, or would have been (attempts, budget, deadline,
-    retry budget, an open breaker...). A first attempt's error that the
-    policy does not retry at all (a 404) is a plain failure, not one.
+    Whether *event* is a real give-up: retrying stopped on a call that had
+    been retried, or that would have been but for the time left, the retry
+    budget or a stage that would not admit. A first attempt's error that
+    the policy does not retry at all (a 404, or any error when it allows
+    one attempt) is a plain failure, not one.
     """
-    return event.reason != "not_retryable" or event.attempt > 1
+    return event.attempt > 1 or event.reason not in _PLAIN_FAILURES
+
+
+_PLAIN_FAILURES: Final = frozenset({"not_retryable", "attempts", None})
 
 
 def _stage_attributes(
