@@ -96,10 +96,12 @@ def _base(event: RetryEvent) -> dict[str, object]:
 
 
 def retry_scheduled(event: RetryEvent) -> None:
-    """A retry is scheduled after *event*'s attempt failed."""
+    """
+    A retry is scheduled after *event*'s attempt failed. The caller asks
+    ``RETRY.isEnabledFor(RETRY_LEVEL)`` first: the one record on a
+    successful retry's path, guarded without a call when off.
+    """
     log = RETRY
-    if not log.isEnabledFor(RETRY_LEVEL):
-        return
     extra = _base(event)
     extra["resilient_delay"] = event.delay
     extra["resilient_delay_source"] = event.delay_source

@@ -18,9 +18,9 @@ import anyio
 
 from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
-from resilient._core._telemetry import is_rejection, recorder
+from resilient._core._telemetry import recorder
 from resilient._retry._machine import RetryMachine, note
-from resilient.exceptions import DeadlineExceeded
+from resilient.exceptions import DeadlineExceeded, Rejected
 
 
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 
 log: Final = logging.getLogger("resilient")
+_RETRY_LOG: Final = _logging.RETRY
+_RETRY_LEVEL: Final = _logging.RETRY_LEVEL
 _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 
 
@@ -168,14 +170,16 @@ class Call:
                 if rec is not None:
                     rec.gave_up(step.event)
                 _logging.gave_up(step.event)
-        elif is_rejection(exc):
+        elif isinstance(exc, Rejected) and exc.retry_after is not None:
+            # A stage's rejection, outwaited: not an attempt, not a retry.
             if rec is not None:
                 rec.rejected(step.event)
             _logging.rejection_outwaited(step.event)
         else:
             if rec is not None:
                 rec.retrying(step.event)
-            _logging.retry_scheduled(step.event)
+            if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
+                _logging.retry_scheduled(step.event)
         return step
 
     def returned(self, value: object) -> Retry | GiveUp | None:
@@ -192,7 +196,8 @@ class Call:
             else:
                 if rec is not None:
                     rec.retrying(step.event)
-                _logging.retry_scheduled(step.event)
+                if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
+                    _logging.retry_scheduled(step.event)
         return step
 
     def after_hook(self, step: Retry) -> float | GiveUp:
