@@ -555,6 +555,8 @@ class TestMachine:
         late = m.after_hook(step)
         assert isinstance(late, GiveUp)
         assert late.reason == "budget"
+        # The retry never started: one attempt was made, not two.
+        assert late.event.attempt == m.attempt == 1
 
     def test_rejections_are_bounded(self, clock: Any) -> None:
         """Rejections are outwaited but at most `attempts` of them."""

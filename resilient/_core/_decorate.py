@@ -88,4 +88,19 @@ def decorate(
     # Copies what exists (callable objects lack __name__) and sets
     # __wrapped__, which inspect.signature follows.
     functools.update_wrapper(wrapper, fn)
+    keep_defaults(wrapper, fn)
     return cast("Callable[P, T]", wrapper)
+
+
+def keep_defaults(wrapper: Callable[..., Any], fn: object) -> None:
+    """
+    Copy *fn*'s ``__defaults__`` and ``__kwdefaults__`` onto *wrapper*,
+    which `functools.update_wrapper` leaves out: code that reads them
+    directly (not through `inspect.signature`, which follows
+    ``__wrapped__``) sees the wrapped function's defaults. The wrapper
+    takes only ``*args, **kwargs``, so they change nothing in its calls.
+    """
+    for name in ("__defaults__", "__kwdefaults__"):
+        value = getattr(fn, name, None)  # Callable objects have none.
+        if value is not None:
+            setattr(wrapper, name, value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from resilient._core import _settings, _state
 from resilient._core._decisions import (
@@ -22,28 +22,31 @@ from resilient._core._decisions import (
     RetryEvent,
 )
 from resilient._core._hints import default_retry_after
-from resilient._core._transient import http_status
+from resilient._core._transient import Transient, http_status
+from resilient._retry._notes import WrongShell, note
+from resilient._retry._notes import leaves as leaves_of
 from resilient.exceptions import CircuitOpen, Rejected
 
 
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from resilient._policy import Policy  # For type checkers only.
     from resilient._retry_budget import RetryBudget
     from resilient.typing import Clock
 
 
+# WrongShell and note live in _notes; named here too, where the pipeline
+# has always imported them from.
+__all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
+
 log: Final = logging.getLogger("resilient")
+_DEFAULT_RULE: Final = Transient()
 
 # What the machine reads of a policy (imported for the protocol's sake: it
 # is the API this layer is written against).
 RetrySettings = _settings.RetrySettings
-
-
-class WrongShell(TypeError):
-    """A sync function under an async call or the reverse: never retried."""
 
 
 @final
@@ -84,6 +87,7 @@ class RetryMachine:
         "_max_attempts",
         "_previous",
         "_rejections",
+        "_source",
         "_testing",
         "admission_wait",
         "attempt",
@@ -126,6 +130,7 @@ class RetryMachine:
         """When the wait of the last `Retry` ends, on *clock*."""
         self._previous = 0.0
         self._rejections = 0
+        self._source: DelaySource = "backoff"
         testing = _state.testing
         self._testing = testing.active
         limit = policy.attempts if policy.attempts is not None else math.inf
@@ -154,7 +159,7 @@ class RetryMachine:
         if self._accepts(exc):
             return True
         if isinstance(exc, ExceptionGroup):
-            leaves = list(_leaves(exc))
+            leaves = list(leaves_of(exc))
             return bool(leaves) and all(
                 isinstance(leaf, Exception)
                 and not isinstance(leaf, WrongShell)
@@ -190,13 +195,41 @@ class RetryMachine:
         *own_timeout* says *exc* is the policy's own attempt timeout: it
         is retried whatever *retry_on* says.
         """
+        attempt = self.attempt
+        decision = self.decide_error(exc, own_timeout=own_timeout)
+        if isinstance(decision, str):
+            return GiveUp(
+                decision, self._event(exc, None, None, decision, attempt)
+            )
+        return Retry(decision, self._retry_event(exc, None, decision, attempt))
+
+    def decide_error(
+        self,
+        exc: BaseException,
+        *,
+        own_timeout: bool = False,
+        transient: bool | None = None,
+    ) -> float | GiveUpReason:
+        """
+        `on_error` without its records: the delay of the retry (a number),
+        or why it gives up (a `GiveUpReason`, a str). For a driver that
+        reads neither the event nor its hooks (the simulator): the same
+        decision, and the same state changes, for less.
+
+        *transient*, when not None, is what *retry_on* says of *exc*,
+        already asked (a driver that raises the same error objects asks
+        once).
+        """
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
-        if not isinstance(exc, Exception) or not (
-            own_timeout or self.is_transient(exc)
-        ):
-            return self._give_up("not_retryable", exc, None)
-        return self._next(exc, None, self._hint(exc))
+        if not isinstance(exc, Exception):
+            return "not_retryable"
+        if not own_timeout:
+            if transient is None:
+                transient = self.is_transient(exc)
+            if not transient:
+                return "not_retryable"
+        return self._next(self._hint(exc))
 
     def _hint(self, exc: Exception) -> float | None:
         reader = self.policy.retry_after
@@ -218,7 +251,9 @@ class RetryMachine:
             return None
         return hint
 
-    def _outwait(self, exc: Rejected, retry_after: float) -> Retry | GiveUp:
+    def _outwait(
+        self, exc: Rejected, retry_after: float
+    ) -> float | GiveUpReason:
         """
         A stage rejected the attempt before it reached the dependency:
         wait until the stage may admit it, plus this call's own jitter so
@@ -236,19 +271,20 @@ class RetryMachine:
         )
         self._rejections += 1
         if self._testing:
-            return self._give_up(reason, exc, None)
+            return reason
         if self._rejections > self._max_attempts:
-            return self._give_up("attempts", exc, None)
+            return "attempts"
         spread = self._spread(retry_after if retry_after > 0 else 0.0)
         backoff = self._backoff()
         if backoff is None:
-            return self._give_up("backoff_error", exc, None)
+            return "backoff_error"
         wait = spread + backoff
         now = self.clock.now()
         if now + wait >= self.deadline:
-            return self._give_up(reason, exc, None)
+            return reason
         self.wake = now + wait
-        return Retry(wait, self._event(exc, None, wait, None, "admission"))
+        self._source = "admission"
+        return wait
 
     def _spread(self, wait: float) -> float:
         """
@@ -305,7 +341,38 @@ class RetryMachine:
             return None
         if not retry:
             return None
-        return self._next(None, value, self._result_hint(value))
+        attempt = self.attempt
+        decision: float | GiveUpReason
+        if http_status(value) is not None and not self._may_repeat(value):
+            decision = "not_retryable"
+        else:
+            decision = self._next(self._result_hint(value))
+        if isinstance(decision, str):
+            return GiveUp(
+                decision, self._event(None, value, None, decision, attempt)
+            )
+        return Retry(
+            decision, self._retry_event(None, value, decision, attempt)
+        )
+
+    def _may_repeat(self, response: object) -> bool:
+        """
+        Whether the request a response answered may be sent again: the
+        non-idempotent rule of the policy's `Transient` (of the default one
+        when *retry_on* is something else), the same as for errors.
+        """
+        retry_on = self.policy.retry_on
+        rule = retry_on if isinstance(retry_on, Transient) else _DEFAULT_RULE
+        try:
+            return rule.may_repeat(response)
+        except Exception:
+            log.exception(
+                "resilient: reading the request of %r (policy %r) raised; "
+                "the result is not retried",
+                response,
+                self.policy.name,
+            )
+            return False
 
     def _result_hint(self, value: object) -> float | None:
         """A response's own ``Retry-After``, read with the default reader
@@ -318,11 +385,10 @@ class RetryMachine:
             return None
         return self._hint(value)  # type: ignore[arg-type]
 
-    def _next(
-        self, exc: Exception | None, result: object, hint: float | None
-    ) -> Retry | GiveUp:
+    def _next(self, hint: float | None) -> float | GiveUpReason:
+        """The delay of the next retry, or why there is none."""
         if self.attempt >= self._max_attempts:
-            return self._give_up("attempts", exc, result)
+            return "attempts"
         source: DelaySource
         if hint is not None:
             cap = self.policy.max_retry_after
@@ -333,7 +399,7 @@ class RetryMachine:
         else:
             backoff = self._backoff()
             if backoff is None:
-                return self._give_up("backoff_error", exc, result)
+                return "backoff_error"
             delay, source = backoff, "backoff"
         # Never retry into a stage that will not admit: wait until it may,
         # then this call's backoff on top, so the fleet spreads out.
@@ -347,17 +413,15 @@ class RetryMachine:
         # after it would have no time left.
         now = self.clock.now()
         if now + delay >= self.deadline:
-            return self._give_up(
-                "breaker_open" if blocked else self._late(), exc, result
-            )
+            return "breaker_open" if blocked else self._late()
         budget = self.retry_budget
         if budget is not None and not budget.try_acquire_retry():
-            return self._give_up("retry_budget", exc, result)
-        event = self._event(exc, result, delay, None, source)
+            return "retry_budget"
+        self._source = source
         self._previous = delay
         self.attempt += 1
         self.wake = now + delay
-        return Retry(delay, event)
+        return delay
 
     def _late(self) -> GiveUpReason:
         return "budget" if self.deadline == self._budget_end else "deadline"
@@ -371,13 +435,35 @@ class RetryMachine:
         now = self.clock.now()
         if now >= self.deadline:
             event = step.event
+            # The retry *step* counted will not start.
+            self.attempt = event.attempt
             return self._give_up(self._late(), event.exception, event.result)
         return max(0.0, min(self.wake, self.deadline) - now)
 
     def _give_up(
         self, reason: GiveUpReason, exc: BaseException | None, result: object
     ) -> GiveUp:
-        return GiveUp(reason, self._event(exc, result, None, reason))
+        return GiveUp(
+            reason, self._event(exc, result, None, reason, self.attempt)
+        )
+
+    def _retry_event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float,
+        attempt: int,
+    ) -> RetryEvent:
+        return RetryEvent(
+            policy=self.policy.name,
+            attempt=attempt,
+            elapsed=self.clock.now() - self.start,
+            delay=delay,
+            exception=exc,
+            result=result,
+            reason=None,
+            delay_source=self._source,
+        )
 
     def _event(
         self,
@@ -385,44 +471,14 @@ class RetryMachine:
         result: object,
         delay: float | None,
         reason: GiveUpReason | None,
-        source: DelaySource | None = None,
+        attempt: int,
     ) -> RetryEvent:
         return RetryEvent(
             policy=self.policy.name,
-            attempt=self.attempt,
+            attempt=attempt,
             elapsed=self.clock.now() - self.start,
             delay=delay,
             exception=exc,
             result=result,
             reason=reason,
-            delay_source=source,
         )
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
-
-
-def note(exc: BaseException, step: GiveUp) -> None:
-    """
-    Annotate *exc* with why its call gave up: once per exception object
-    and policy, however often one object is raised again.
-    """
-    e = step.event
-    if step.reason == "not_retryable" and e.attempt == 1:
-        return  # A plain failure of a first attempt: nothing to add.
-    prefix = f"resilient: gave up on {e.policy!r} "
-    notes = getattr(exc, "__notes__", None)
-    if notes is not None and any(
-        isinstance(n, str) and n.startswith(prefix) for n in notes
-    ):
-        return
-    exc.add_note(
-        f"{prefix}after {e.attempt} "
-        f"attempt{'s' if e.attempt != 1 else ''} in {e.elapsed:.3f}s "
-        f"({step.reason.replace('_', ' ')})"
-    )

@@ -42,7 +42,6 @@ import attrs
 
 from resilient import BreakerState, CircuitOpen, RetryBudget
 from resilient._breaker import _VERDICTS, SUCCESS, Reject, _BreakerMachine
-from resilient._core._decisions import GiveUp
 from resilient._retry import RetryMachine
 from resilient._simulate._config import SimulationConfig
 from resilient._simulate._result import (
@@ -377,7 +376,15 @@ class _Run:
         during_outage = refused = 0
         last = end = 0.0
         overload_end: float | None = None
-        give_up, insort, heappush = GiveUp, bisect.insort, heapq.heappush
+        insort, heappush = bisect.insort, heapq.heappush
+        # What the policy's retry_on says of the dependency's two errors,
+        # asked once (they are the same two objects all run long); a
+        # breaker's CircuitOpen is outwaited before retry_on is asked.
+        probe = RetryMachine(policy, clock, rng, 0.0)
+        down_ok, overloaded_ok = (
+            probe.is_transient(_DOWN),
+            probe.is_transient(_OVERLOADED),
+        )
         while True:
             if not current:
                 if not next_slot():
@@ -448,11 +455,20 @@ class _Run:
             else:
                 refused += 1
             if error is not None:
-                step = machine.on_error(error)
-                if isinstance(step, give_up):
-                    client.end, client.reason = now, step.reason
+                # The machine's decision without its event records, which
+                # nothing here reads.
+                delay = machine.decide_error(
+                    error,
+                    transient=down_ok
+                    if error is _DOWN
+                    else overloaded_ok
+                    if error is _OVERLOADED
+                    else None,
+                )
+                if isinstance(delay, str):
+                    client.end, client.reason = now, delay
                     continue
-                at = now + step.delay
+                at = now + delay
             # Push (at, seq, client): the calendar's push, inlined.
             seq += 1
             slot = at * _SLOTS_PER_SECOND
