@@ -7,6 +7,7 @@ nothing built when the level is off. No OpenTelemetry SDK is configured.
 from __future__ import annotations
 
 import logging
+import types
 from typing import Any
 
 import pytest
@@ -443,3 +444,36 @@ def test_one_allowed_attempt_is_no_give_up(
     assert record.levelno == logging.DEBUG
     assert record.resilient_reason == "attempts"  # type: ignore[attr-defined]
     assert record.getMessage().endswith("; not retried (1 attempt)")
+
+
+def test_the_failure_that_opened_a_breaker_is_logged(
+    logs: pytest.LogCaptureFixture,
+) -> None:
+    """A transition that says which failure opened the breaker
+    (``opened_by``) is logged with that failure's type, status and
+    message, and without the message when messages are left out."""
+    event = types.SimpleNamespace(
+        name="users",
+        old=resilient.BreakerState.CLOSED,
+        new=resilient.BreakerState.OPEN,
+        reason="failure_rate",
+        at=0.0,
+        retry_after=30.0,
+        opened_by=Unavailable("503 from users"),
+    )
+    _logging.breaker_transition(event)  # type: ignore[arg-type]
+    resilient.configure_telemetry(record_messages=False)
+    try:
+        _logging.breaker_transition(event)  # type: ignore[arg-type]
+    finally:
+        resilient.configure_telemetry()
+    full, bare = records(logs)
+    assert full.getMessage() == (
+        "resilient: breaker 'users' closed -> open (failure rate) after "
+        "tests.test_logging.Unavailable: 503 from users; "
+        "next probe in 30.000 s"
+    )
+    assert full.exception_type == "tests.test_logging.Unavailable"  # type: ignore[attr-defined]
+    assert full.http_status_code == 503  # type: ignore[attr-defined]
+    assert "503 from users" not in bare.getMessage()
+    assert not hasattr(bare, "exception_message")

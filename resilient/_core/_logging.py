@@ -201,10 +201,15 @@ def breaker_transition(event: BreakerTransition) -> None:
         "resilient_breaker_reason": event.reason,
         "resilient_breaker_retry_after": event.retry_after,
     }
-    when = ""
+    # The failure that opened it, where the breaker says (``opened_by``).
+    cause = getattr(event, "opened_by", None)
+    if isinstance(cause, BaseException):
+        when = f" after {_failure(extra, cause, None).removeprefix('raised ')}"
+    else:
+        when = ""
     if opened:
         wait = event.retry_after
-        when = (
+        when += (
             "; until reset"
             if wait == math.inf
             else f"; next probe in {wait:.3f} s"
