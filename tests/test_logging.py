@@ -477,3 +477,51 @@ def test_the_failure_that_opened_a_breaker_is_logged(
     assert full.http_status_code == 503  # type: ignore[attr-defined]
     assert "503 from users" not in bare.getMessage()
     assert not hasattr(bare, "exception_message")
+
+
+def test_a_full_bulkhead_that_ends_a_retried_call_is_logged(
+    driver: Driver, clock: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    """A policy's bulkhead that refuses a retry ends the call with a
+    give-up record naming the bulkhead."""
+    config = resilient.BulkheadConfig(max_concurrent=1, max_wait=0)
+    held: list[Any] = []
+
+    def hold(event: object) -> None:
+        held.append(resilient.bulkhead("pool", config).acquire())
+
+    policy = Policy(
+        name="pool",
+        bulkhead=config,
+        retry_on=(ConnectionError,),
+        backoff=Constant(seconds=0),
+        before_sleep=hold,
+    )
+    with pytest.raises(resilient.BulkheadFull):
+        driver.call(policy, flaky(5))
+    for permit in held:
+        permit.release()
+    give_up = records(logs)[-1]
+    assert give_up.levelno == logging.WARNING
+    assert give_up.resilient_bulkhead == "pool"  # type: ignore[attr-defined]
+    assert give_up.exception_type == "resilient.exceptions.BulkheadFull"  # type: ignore[attr-defined]
+
+
+def test_a_breaker_that_will_not_admit_in_time_is_a_give_up(
+    driver: Driver, clock: Any, logs: pytest.LogCaptureFixture
+) -> None:
+    """A retry that an open breaker would hold past the budget gives up
+    with reason breaker_open, naming the breaker."""
+    breaker = resilient.breaker("slowpoke", _config())
+    breaker.force_open()
+
+    def body() -> str:
+        with breaker:
+            return "ok"
+
+    policy = Policy(name="outer", budget=5.0, backoff=Constant(seconds=0))
+    with pytest.raises(resilient.CircuitOpen):
+        driver.call(resilient.retry(policy), body)
+    give_up = records(logs)[-1]
+    assert give_up.resilient_reason == "breaker_open"  # type: ignore[attr-defined]
+    assert give_up.resilient_breaker == "slowpoke"  # type: ignore[attr-defined]

@@ -74,6 +74,10 @@ def _failure(
             return f"returned {kind} (status {status})"
         return f"returned {kind}"
     kind = extra["exception_type"] = type_name(exc)
+    if isinstance(exc, CircuitOpen):
+        extra["resilient_breaker"] = bounded(exc.name)
+    elif isinstance(exc, BulkheadFull):
+        extra["resilient_bulkhead"] = bounded(exc.name)
     status = http_status(exc)
     if status is not None:
         extra["http_status_code"] = status
