@@ -676,8 +676,18 @@ class Bulkhead:
     def __call__(self, fn: Callable[P, T], /) -> Callable[P, T]:
         """
         Run every call of *fn* (sync or async) under this bulkhead.
+
+        A generator function's stream holds its slot from its first
+        ``next`` until it ends (docs/streams.md).
         """
-        return decorate(fn, self._sync_shell, self._async_shell)
+        from resilient._pipeline._stream import bulkhead_streams  # noqa: PLC0415 - the pipeline imports the bulkhead
+
+        return decorate(
+            fn,
+            self._sync_shell,
+            self._async_shell,
+            stream=bulkhead_streams(self),
+        )
 
     def _sync_shell(
         self, fn: Callable[..., Any], args: Any, kwargs: Any

@@ -31,7 +31,11 @@ from resilient._core._backoff import FullJitter
 from resilient._core._config_breaker import BreakerConfig
 from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
-from resilient._core._decorate import decorate, is_async_callable
+from resilient._core._decorate import (
+    decorate,
+    is_async_callable,
+    stream_kind,
+)
 from resilient._core._hints import default_retry_after
 from resilient._core._policy_checks import (
     UNNAMED,
@@ -57,6 +61,7 @@ from resilient._core._validate import (
 from resilient._pipeline._block import _Attempts
 from resilient._pipeline._guards import Guards
 from resilient._pipeline._run import call_async, call_sync, shells
+from resilient._pipeline._stream import policy_streams
 from resilient._retry._machine import WrongShell
 from resilient.exceptions import ConfigError, ConfigTypeError
 
@@ -309,6 +314,8 @@ class Policy:
 
         For a call site that is not worth a decorator: ``payments.call(
         client.post, url, json=body)``. Same semantics as ``@policy``.
+        For a generator function (sync or async), returns its guarded
+        stream, as ``@policy`` would.
 
         Raises:
             TypeError: *fn* is async (use `acall`), or the policy has async
@@ -326,8 +333,15 @@ class Policy:
                 f"{fn!r} is async: call it with `await policy.acall(fn, "
                 "...)`, not policy.call()"
             )
+        kind = stream_kind(fn)
+        if kind == "async":
+            stream = policy_streams(self, self._call_guards())(fn, True)
+            return stream(*args, **kwargs)  # type: ignore[no-any-return]
         if self._async_hooks or self._async_fallback:
             _refuse_async_hooks(self)(fn)
+        if kind == "sync":
+            stream = policy_streams(self, self._call_guards())(fn, False)
+            return stream(*args, **kwargs)  # type: ignore[no-any-return]
         return call_sync(self, self._call_guards(), fn, args, kwargs)  # type: ignore[no-any-return]
 
     async def acall(
@@ -343,10 +357,16 @@ class Policy:
         The async twin of `call`: ``await payments.acall(client.post, url)``.
 
         Raises:
-            TypeError: ``fn(...)`` did not return an awaitable (use `call`).
+            TypeError: ``fn(...)`` did not return an awaitable (use `call`),
+                or *fn* is a generator function (iterate `call`'s stream).
 
         .. versionadded:: 26.11.0
         """
+        if stream_kind(fn) is not None:
+            raise TypeError(
+                f"{fn!r} is a generator function: iterate `policy.call(fn, "
+                "...)` (or decorate it) instead of awaiting policy.acall()"
+            )
         if not is_async_callable(fn):
             fn = _awaiting(fn)
         return await call_async(self, self._call_guards(), fn, args, kwargs)  # type: ignore[no-any-return]
@@ -457,6 +477,11 @@ def retry(policy: Policy, /) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]:
     Works on sync and async functions (detected from the function), methods,
     class methods and static methods, and keeps their signatures.
 
+    A generator function or async generator function is a stream, guarded
+    from its first item to its end: retried only before its first item,
+    its breaker permit and bulkhead slot held until it ends (see the
+    Streams guide).
+
     Gives up by re-raising the last exception itself, with a note of the
     attempts, elapsed time and policy name; when retrying on a result
     stops, returns that last result (or raises
@@ -486,11 +511,16 @@ def retry(policy: Policy, /) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]:
             "retry(policy)", policy, "must be a resilient.Policy"
         )
     # The guards are looked up once here, not on every call.
-    sync_shell, async_shell = shells(policy, Guards.of(policy))
+    guards = Guards.of(policy)
+    sync_shell, async_shell = shells(policy, guards)
 
     def decorator(fn: Callable[_P, _T]) -> Callable[_P, _T]:
         return decorate(
-            fn, sync_shell, async_shell, check_sync=_refuse_async_hooks(policy)
+            fn,
+            sync_shell,
+            async_shell,
+            check_sync=_refuse_async_hooks(policy),
+            stream=policy_streams(policy, guards),
         )
 
     return decorator

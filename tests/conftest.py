@@ -210,6 +210,7 @@ _STORM_FILES = frozenset(
         "test_timeout_storm.py",
         "test_lock_interrupts.py",
         "test_singleflight_schedules.py",
+        "test_streams_storm.py",
     }
 )
 

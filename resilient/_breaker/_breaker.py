@@ -457,8 +457,17 @@ class CircuitBreaker:
     # Decorator.
 
     def __call__(self, fn: Callable[P, T], /) -> Callable[P, T]:
-        """Guard *fn* (sync or async) with this breaker: ``@breaker``."""
-        return decorate(fn, self._call, self._acall)
+        """
+        Guard *fn* (sync or async) with this breaker: ``@breaker``.
+
+        A generator function's stream is admitted at its first ``next``
+        and counted when it ends (docs/streams.md).
+        """
+        from resilient._pipeline._stream import breaker_streams  # noqa: PLC0415 - the pipeline imports the breaker
+
+        return decorate(
+            fn, self._call, self._acall, stream=breaker_streams(self)
+        )
 
     def _call(
         self,

@@ -17,7 +17,8 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, cast
+from types import FunctionType, MethodType
+from typing import Any, Final, ParamSpec, TypeVar, cast
 
 
 P = ParamSpec("P")
@@ -30,6 +31,10 @@ AsyncShell = Callable[
     [Callable[..., Awaitable[Any]], tuple[Any, ...], dict[str, Any]],
     Awaitable[Any],
 ]
+StreamShell = Callable[[Callable[..., Any], bool], Callable[..., Any]]
+"""Makes the guarded twin of a generator function: called with the function
+and whether it is an async generator function, returns a generator function
+of the same colour (`resilient._pipeline._stream`)."""
 
 
 def is_async_callable(fn: object) -> bool:
@@ -44,15 +49,50 @@ def is_async_callable(fn: object) -> bool:
     )
 
 
+def stream_kind(fn: object) -> str | None:
+    """
+    ``"sync"`` when calling *fn* makes a generator, ``"async"`` when it
+    makes an async generator (generator functions, partials of them, and
+    objects whose ``__call__`` is one), else None.
+    """
+    # A function's (or method's) code flags first: `Policy.call` asks on
+    # every call.
+    flags: int | None = getattr(
+        getattr(fn, "__code__", None), "co_flags", None
+    )
+    if flags is None:
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        if not isinstance(fn, FunctionType | MethodType):
+            # A callable object: what its ``__call__`` makes.
+            fn = getattr(fn, "__call__", None)  # noqa: B004
+        flags = getattr(getattr(fn, "__code__", None), "co_flags", 0)
+    if flags & _ASYNC_GENERATOR:
+        return "async"
+    if flags & _GENERATOR:
+        return "sync"
+    return None
+
+
+_GENERATOR: Final = inspect.CO_GENERATOR
+_ASYNC_GENERATOR: Final = inspect.CO_ASYNC_GENERATOR
+
+
 def decorate(
     fn: Callable[P, T],
     sync_shell: SyncShell,
     async_shell: AsyncShell,
     *,
     check_sync: Callable[[Callable[..., Any]], None] | None = None,
+    stream: StreamShell | str,
 ) -> Callable[P, T]:
     """
     Wrap *fn* so that each call goes through the matching shell.
+
+    A generator function (sync or async) is a stream: the shells, which
+    run a call to its return, would guard only the making of the generator
+    object. So *stream* makes its wrapper, or, as a message naming the form
+    to use instead, refuses it with `TypeError` (never silently unguarded).
 
     Args:
         fn: A function, method, coroutine function, callable object,
@@ -61,21 +101,34 @@ def decorate(
         async_shell: Awaited as ``async_shell(fn, args, kwargs)``.
         check_sync: Called with *fn* when it is sync, to refuse settings
             that only make sense in async code.
+        stream: The maker of a generator function's guarded twin, or why
+            generator functions are refused and what to use instead.
     """
     if isinstance(fn, classmethod | staticmethod):
         inner = decorate(
-            fn.__func__, sync_shell, async_shell, check_sync=check_sync
+            fn.__func__,
+            sync_shell,
+            async_shell,
+            check_sync=check_sync,
+            stream=stream,
         )
         return cast("Callable[P, T]", type(fn)(inner))
     if not callable(fn):
         raise TypeError(f"expected a callable to decorate, got {fn!r}")
 
-    if is_async_callable(fn):
+    kind = stream_kind(fn)
+    if kind is not None:
+        if isinstance(stream, str):
+            raise TypeError(f"{fn!r} is a generator function: {stream}")
+        if kind == "sync" and check_sync is not None:
+            check_sync(fn)
+        wrapper: Callable[..., Any] = stream(fn, kind == "async")
+    elif is_async_callable(fn):
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             return await async_shell(fn, args, kwargs)  # type: ignore[arg-type]
 
-        wrapper: Callable[..., Any] = async_wrapper
+        wrapper = async_wrapper
     else:
         if check_sync is not None:
             check_sync(fn)

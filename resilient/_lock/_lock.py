@@ -1113,7 +1113,15 @@ class Lock:
             async with self:
                 return await fn(*args, **kwargs)
 
-        return decorate(fn, sync_shell, async_shell)
+        return decorate(
+            fn,
+            sync_shell,
+            async_shell,
+            stream="a lock's decorator would hold it only while the "
+            "generator object is made; take the lock inside the generator "
+            "(`with lock:` around its loop) or around the loop that "
+            "consumes it",
+        )
 
 
 _DEFAULT: Final = object()

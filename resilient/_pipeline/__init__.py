@@ -13,6 +13,8 @@ policy configures it, so a plain retry policy pays nothing for them.
 - `_flow`: the one generator every decision is written in;
 - `_run`: the sync and async decorator drivers, with the bare first attempt;
 - `_block`: the block form, a third driver of the same flow.
+- `_stream`: generator functions under a policy (the flow up to the first
+  item) or a standalone breaker or bulkhead, guarded for the stream's life.
 
 Layers import only downward: `resilient._policy` (the face) imports this
 package, which imports the machines (`resilient._retry`, the breaker, the

@@ -710,9 +710,16 @@ def singleflight(
             ) -> Any:
                 return await acall(make(*args, **kwargs), f, args, kwargs)
 
-        return decorate(fn, sync_shell, async_shell)
+        return decorate(fn, sync_shell, async_shell, stream=_NO_STREAMS)
 
     return decorator
+
+
+_NO_STREAMS: Final = (
+    "singleflight cannot share a stream between callers (each item would "
+    "reach only one of them); share a function that collects it, such as "
+    "one returning `list(gen())`"
+)
 
 
 def _check_options(key: object, group: object, name: object) -> None:

@@ -428,3 +428,47 @@ def _singleflight() -> None:
     async def main() -> None:
         assert_type(await aload(1), str)
         assert_type(await group.acall("k", aload, 1), str)
+
+
+# Streams: a decorated generator function keeps its signature and its
+# Iterator / Generator / AsyncIterator return type (docs/streams.md).
+
+
+def _streams() -> None:
+    from collections.abc import AsyncIterator, Generator, Iterator
+
+    llm = resilient.Policy(name="llm")
+
+    @llm
+    def tokens(prompt: str, *, limit: int = 10) -> Iterator[str]:
+        yield prompt[:limit]
+
+    @llm
+    def counted(n: int) -> Generator[int, str | None, str]:
+        sent = yield n
+        return sent or ""
+
+    @llm
+    async def atokens(prompt: str) -> AsyncIterator[str]:
+        yield prompt
+
+    @resilient.breaker("llm")
+    def btokens(prompt: str) -> Iterator[str]:
+        yield prompt
+
+    @resilient.bulkhead("llm", max_concurrent=2)
+    async def htokens(prompt: str) -> AsyncIterator[str]:
+        yield prompt
+
+    assert_type(tokens("hi", limit=2), Iterator[str])
+    tokens(1)  # type: ignore[arg-type]
+    assert_type(counted(1), Generator[int, str | None, str])
+    assert_type(atokens("hi"), AsyncIterator[str])
+    assert_type(btokens("hi"), Iterator[str])
+    assert_type(htokens("hi"), AsyncIterator[str])
+    assert_type(llm.call(tokens, "hi"), Iterator[str])
+    assert_type(next(tokens("hi")), str)
+
+    async def main() -> None:
+        async for token in atokens("hi"):
+            assert_type(token, str)
