@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -65,6 +65,22 @@ def test_wrapper_keeps_defaults(name: str, fn: Callable[..., Any]) -> None:
             return await wrapped(1), await wrapped(1, 5, c=6)
 
         assert anyio.run(main) == ((1, 2, 3), (1, 5, 6))
+
+
+def _stream(a: int, b: int = 2, *, c: int = 3) -> Iterator[int]:
+    yield from (a, b, c)
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in NAMES if n not in {"lock", "singleflight"}]
+)
+def test_stream_wrapper_keeps_defaults(name: str) -> None:
+    """A generator function's guarded twin keeps its defaults too (lock
+    and singleflight refuse generator functions)."""
+    wrapped = _decorators()[name](_stream)
+    assert wrapped.__defaults__ == (2,)
+    assert wrapped.__kwdefaults__ == {"c": 3}
+    assert list(wrapped(1)) == [1, 2, 3]
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
 
 log: Final = logging.getLogger("resilient")
+_INF: Final = math.inf
 _DEFAULT_RULE: Final = Transient()
 
 # What the machine reads of a policy (imported for the protocol's sake: it
@@ -206,8 +207,7 @@ class RetryMachine:
     def decide_error(
         self,
         exc: BaseException,
-        *,
-        own_timeout: bool = False,
+        own_timeout: bool = False,  # Positional too: the simulator calls it.
         transient: bool | None = None,
     ) -> float | GiveUpReason:
         """
@@ -229,7 +229,9 @@ class RetryMachine:
                 transient = self.is_transient(exc)
             if not transient:
                 return "not_retryable"
-        return self._next(self._hint(exc))
+        return self._next(
+            None if self.policy.retry_after is None else self._hint(exc)
+        )
 
     def _hint(self, exc: Exception) -> float | None:
         reader = self.policy.retry_after
@@ -304,7 +306,7 @@ class RetryMachine:
         backoff = self.policy.backoff
         try:
             delay = backoff.delay(self.attempt - 1, self._previous, self.rng)
-            if 0.0 <= delay < math.inf:
+            if 0.0 <= delay < _INF:
                 return delay
             log.error(
                 "resilient: backoff %r of policy %r returned %r, which is "
