@@ -35,6 +35,7 @@ import functools
 import importlib.util
 import inspect
 import itertools
+import logging
 import math
 import re
 import shutil
@@ -93,6 +94,7 @@ NOTES = (
         f"{RES_OTEL}: the default policy after configure_telemetry(SDK"
         " TracerProvider and MeterProvider, no span processor, no reader)"
     ),
+    "resilient: its loggers set to CRITICAL (a WARNING per retry by default)",
     (
         "tenacity: retry(stop=stop_after_attempt(4), wait=wait_none(),"
         " retry=retry_if_exception_type(ValueError), reraise=True)"
@@ -150,6 +152,10 @@ def afloor_retry(attempts: int, exc: type[Exception]) -> Decorator:
 
 
 # The contenders' decorators, each configured as NOTES says.
+
+# resilient logs each retry at WARNING, as stamina does; like stamina's
+# hooks, its records are off here: this measures retrying, not logging.
+logging.getLogger("resilient").setLevel(logging.CRITICAL)
 
 DEFAULT_POLICY = resilient.Policy(
     name="bench", retry_on=ERROR, backoff=resilient.Constant(seconds=0)

@@ -5,6 +5,7 @@ one scenario against the sync shell and the async shell (asyncio and trio).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +30,26 @@ def _fresh_process_state() -> Iterator[None]:
     """Every test starts with no breakers, bulkheads or retry budgets."""
     yield
     resilient.testing.reset_registries()
+
+
+@pytest.fixture(autouse=True)
+def _storms_log_nowhere(request: pytest.FixtureRequest) -> Iterator[None]:
+    """
+    Under a storm, resilient logs nothing: written to stderr (Python's last
+    resort, as nothing is configured), every retry is a system call where no
+    asynchronous exception can land, and a storm that waits for its
+    exceptions to land runs for minutes, its spans filling memory.
+    """
+    if request.node.get_closest_marker("storm") is None:
+        yield
+        return
+    logger = logging.getLogger("resilient")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import StatusCode
 
@@ -264,3 +265,447 @@ def test_record_messages_must_be_a_bool() -> None:
     """A non-bool switch is refused, naming it."""
     with pytest.raises(resilient.ConfigTypeError, match="record_messages"):
         resilient.configure_telemetry(record_messages="no")  # type: ignore[arg-type]
+
+
+# -- Traces an SRE can search (issue 7 item 9) -------------------------------
+
+
+class Flaky(ConnectionError):
+    """A transient error of a type defined outside the built-ins."""
+
+
+def _breaker_config() -> resilient.BreakerConfig:
+    return resilient.BreakerConfig(
+        minimum_calls=2,
+        window=resilient.CountWindow(size=2),
+        open_interval=1.0,
+        half_open_probes=1,
+    )
+
+
+def test_a_rejection_inside_an_attempt_is_no_attempt(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """
+    A breaker the function enters itself rejects the third attempt: that is
+    a ``resilient.rejected`` event on the call span, the attempt spans
+    number 1, 2, 3 once each, and neither the attempts metric, the call's
+    attempt count nor the retries count the rejection.
+    """
+    breaker = resilient.breaker("inner", _breaker_config())
+    replies = ["fail", "fail", "ok"]
+
+    def body() -> str:
+        with breaker:
+            reply = replies.pop(0)
+            if reply == "fail":
+                raise ConnectionError("refused")
+            return reply
+
+    policy = Policy(
+        name="outer", attempts=4, budget=None, backoff=Constant(seconds=0)
+    )
+    assert driver.call(resilient.retry(policy), body) == "ok"
+    spans = telemetry.spans()
+    attempts = [s for s in spans if s.name == "outer attempt"]
+    assert [s.attributes["resilient.attempt"] for s in attempts] == [1, 2, 3]
+    (rejected,) = [s for s in spans if s.name == "outer rejected"]
+    assert rejected.attributes["resilient.rejected"] is True
+    (call,) = [s for s in spans if s.name == "outer"]
+    assert call.attributes["resilient.attempts"] == 3
+    assert [e.name for e in call.events] == [
+        "resilient.retry",
+        "resilient.retry",
+        "resilient.rejected",
+    ]
+    event = call.events[2]
+    assert dict(event.attributes) == {
+        "resilient.attempt": 3,
+        "resilient.delay": event.attributes["resilient.delay"],
+        "resilient.delay_source": "admission",
+        "exception.type": "resilient.exceptions.CircuitOpen",
+        "resilient.breaker": "inner",
+    }
+    assert event.attributes["resilient.delay"] >= 1.0
+    metrics = telemetry.metrics()
+    assert metrics["resilient.attempts"] == 3
+    assert metrics["resilient.retries"] == 2
+
+
+def test_a_rejection_at_admission_is_an_event(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """
+    The policy's own breaker, opened by others while the call waited,
+    rejects its second attempt at admission: a ``resilient.rejected`` event
+    on the call span (no attempt span, no retry counted), then the attempt.
+    The call span is current while admitting, so the breaker's own events
+    (its rejection, its half-opening) land on it too.
+    """
+    config = _breaker_config()
+
+    tripped: list[object] = []
+
+    def trip(event: object) -> None:
+        if tripped:
+            return
+        tripped.append(event)
+        # The first attempt's failure and this one fill the window.
+        with pytest.raises(ConnectionError), resilient.breaker("dep", config):
+            raise ConnectionError("another caller fails")
+
+    policy = Policy(
+        name="dep",
+        breaker=config,
+        budget=None,
+        backoff=Constant(seconds=0),
+        before_sleep=trip,
+    )
+    assert driver.call(policy, flaky(1)) == "ok"
+    spans = telemetry.spans()
+    attempts = [s for s in spans if s.name == "dep attempt"]
+    assert [s.attributes["resilient.attempt"] for s in attempts] == [1, 2]
+    (call,) = [s for s in spans if s.name == "dep"]
+    names = [e.name for e in call.events]
+    assert names == [
+        "resilient.retry",
+        "resilient.breaker.state_change",  # The hook's callers opened it.
+        "resilient.breaker.rejected",
+        "resilient.rejected",
+        "resilient.breaker.state_change",
+    ]
+    states = [
+        e.attributes["resilient.breaker.state"]
+        for e in call.events
+        if e.name == "resilient.breaker.state_change"
+    ]
+    assert states == ["open", "half_open"]
+    assert call.events[3].attributes["resilient.breaker"] == "dep"
+    assert call.attributes["resilient.attempts"] == 2
+    metrics = telemetry.metrics()
+    assert metrics["resilient.retries"] == 1
+    assert metrics["resilient.attempts"] == 2
+
+
+def test_the_call_span_says_why_it_gave_up(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """The call span carries the give-up reason and the attempts made as
+    attributes, searchable without reading its events."""
+    policy = Policy(name="db", attempts=3, backoff=Constant(seconds=0))
+    with pytest.raises(ConnectionError):
+        driver.call(resilient.retry(policy), flaky(5))
+    (call,) = [s for s in telemetry.spans() if s.name == "db"]
+    assert call.attributes["resilient.give_up.reason"] == "attempts"
+    assert call.attributes["resilient.attempts"] == 3
+
+
+def test_a_budget_give_up_is_on_the_call_span(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A call whose next wait would end past its budget gives up with
+    reason ``budget``, on the span and in the metric's attribute."""
+    policy = Policy(
+        name="db", attempts=5, budget=1.0, backoff=Constant(seconds=0.6)
+    )
+    with pytest.raises(ConnectionError):
+        driver.call(resilient.retry(policy), flaky(5))
+    (call,) = [s for s in telemetry.spans() if s.name == "db"]
+    assert call.attributes["resilient.give_up.reason"] == "budget"
+    assert call.attributes["resilient.attempts"] == 2
+    assert telemetry.metrics()["resilient.give_ups"] == 1
+
+
+def test_a_first_non_retryable_error_is_no_give_up(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A 404 on the first attempt is a plain failure: no give-up counted,
+    no give-up event or reason on the call span (which still fails)."""
+
+    class NotFound(Exception):
+        pass
+
+    def body() -> None:
+        raise NotFound
+
+    policy = Policy(name="users", retry_on=(ConnectionError,))
+    with pytest.raises(NotFound):
+        driver.call(resilient.retry(policy), body)
+    (call,) = [s for s in telemetry.spans() if s.name == "users"]
+    assert call.status.status_code is StatusCode.ERROR
+    assert "resilient.give_up.reason" not in call.attributes
+    assert [e.name for e in call.events] == ["exception"]
+    metrics = telemetry.metrics()
+    assert "resilient.give_ups" not in metrics
+    assert metrics["resilient.attempts"] == 1
+
+
+def test_a_non_retryable_error_after_retries_is_a_give_up(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A non-retryable error that ends a retried call is a give-up, with
+    reason ``not_retryable``."""
+    replies: list[Exception] = [ConnectionError("reset"), KeyError("gone")]
+
+    def body() -> None:
+        raise replies.pop(0)
+
+    policy = Policy(
+        name="users", retry_on=(ConnectionError,), backoff=Constant(seconds=0)
+    )
+    with pytest.raises(KeyError):
+        driver.call(resilient.retry(policy), body)
+    (call,) = [s for s in telemetry.spans() if s.name == "users"]
+    assert call.attributes["resilient.give_up.reason"] == "not_retryable"
+    assert telemetry.metrics()["resilient.give_ups"] == 1
+
+
+def test_exception_type_is_the_same_everywhere(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """
+    Every event and attribute that names the error's type names it the
+    same way, fully qualified: the attempt's ``exception`` event, the
+    retry and give-up events, the call span's ``exception`` event and its
+    fallback, and the spans' status descriptions.
+    """
+
+    def body() -> None:
+        raise Flaky("reset")
+
+    policy = Policy(
+        name="db",
+        attempts=2,
+        backoff=Constant(seconds=0),
+        fallback=lambda exc: "cached",
+    )
+    assert driver.call(policy, body) == "cached"
+    expected = "tests.test_telemetry.Flaky"
+    spans = telemetry.spans()
+    types = {
+        (span.name, event.name): event.attributes["exception.type"]
+        for span in spans
+        for event in span.events
+        if "exception.type" in event.attributes
+    }
+    assert set(types) == {
+        ("db attempt", "exception"),
+        ("db", "resilient.retry"),
+        ("db", "resilient.give_up"),
+        ("db", "resilient.fallback"),
+    }
+    assert set(types.values()) == {expected}
+    (call,) = [s for s in spans if s.name == "db"]
+    assert call.attributes["resilient.fallback"] == expected
+    for span in spans:
+        if span.status.status_code is StatusCode.ERROR:
+            assert span.status.description == expected
+
+
+def test_the_delay_source_is_on_the_retry_event(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A retry event says whether its delay was a server's hint (as given,
+    or cut to max_retry_after) or the backoff."""
+    hints = [0.25, 90.0, None]
+
+    class Throttled(ConnectionError):
+        def __init__(self) -> None:
+            super().__init__("slow down")
+            self.retry_after = hints.pop(0)
+
+    calls: list[int] = []
+
+    def body() -> str:
+        calls.append(1)
+        if len(calls) <= 3:
+            raise Throttled
+        return "ok"
+
+    policy = Policy(
+        name="api",
+        attempts=4,
+        budget=None,
+        max_retry_after=5.0,
+        backoff=Constant(seconds=0.5),
+    )
+    assert driver.call(resilient.retry(policy), body) == "ok"
+    (call,) = [s for s in telemetry.spans() if s.name == "api"]
+    got = [
+        (
+            e.attributes["resilient.delay"],
+            e.attributes["resilient.delay_source"],
+        )
+        for e in call.events
+        if e.name == "resilient.retry"
+    ]
+    assert got == [(0.25, "hint"), (5.0, "hint_capped"), (0.5, "backoff")]
+
+
+def test_a_retried_result_names_no_exception(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A retry on a result has no ``exception.type`` (rather than an empty
+    one)."""
+    policy = Policy(
+        name="res",
+        attempts=2,
+        retry_if_result=lambda v: v is None,
+        backoff=Constant(seconds=0),
+    )
+    assert driver.call(resilient.retry(policy), lambda: None) is None
+    (call,) = [s for s in telemetry.spans() if s.name == "res"]
+    for event in call.events:
+        assert "exception.type" not in event.attributes
+    assert call.attributes["resilient.give_up.reason"] == "attempts"
+
+
+def test_a_singleflight_failure_names_its_type_the_same_way(
+    driver: Driver, telemetry: Telemetry
+) -> None:
+    """A failed singleflight caller's span names the error's type fully
+    qualified, like every other span, with no traceback."""
+
+    def body() -> None:
+        raise Flaky("reset")
+
+    fn = resilient.singleflight(name="shared")(driver.fn(body))
+    with pytest.raises(Flaky):
+        driver.run(fn)
+    (span,) = telemetry.spans()
+    (event,) = span.events
+    assert dict(event.attributes) == {
+        "exception.type": "tests.test_telemetry.Flaky",
+        "exception.message": "reset",
+    }
+    assert span.status.description == "tests.test_telemetry.Flaky"
+
+
+def test_leaving_the_call_span_survives_a_lost_token(
+    telemetry: Telemetry,
+) -> None:
+    """When an asynchronous exception lands after the call span was made
+    current but before its token was kept, leaving still restores the
+    caller's context."""
+    rec = _telemetry.recorder("lost")
+    assert rec is not None
+    rec.enter()
+    rec.exit()
+    assert trace.get_current_span() is trace.INVALID_SPAN
+    # The interrupted `enter`: the context to go back to was kept, the
+    # token was not.
+    rec._outside = otel_context.get_current()
+    otel_context.attach(rec._ctx)
+    assert trace.get_current_span() is not trace.INVALID_SPAN
+    rec.exit()
+    assert trace.get_current_span() is trace.INVALID_SPAN
+    rec.ended(None)
+    assert [s.name for s in telemetry.spans()] == ["lost"]
+
+
+def test_metrics_alone_count_attempts_without_rejections(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """With a meter provider and no tracer provider, the attempts metric
+    still leaves out an attempt a breaker inside it rejected."""
+    resilient.configure_telemetry(meter_provider=telemetry.meter_provider)
+    breaker = resilient.breaker("inner", _breaker_config())
+    replies = ["fail", "fail", "ok"]
+
+    def body() -> str:
+        with breaker:
+            reply = replies.pop(0)
+            if reply == "fail":
+                raise ConnectionError("refused")
+            return reply
+
+    policy = Policy(
+        name="outer", attempts=4, budget=None, backoff=Constant(seconds=0)
+    )
+    assert driver.call(resilient.retry(policy), body) == "ok"
+    assert telemetry.spans() == []
+    metrics = telemetry.metrics()
+    assert metrics["resilient.attempts"] == 3
+    assert metrics["resilient.retries"] == 2
+    assert "resilient.give_ups" not in metrics
+
+
+def test_a_full_bulkhead_that_ends_a_retried_call_is_named(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A retried call that a full bulkhead then refuses gives up naming the
+    bulkhead, on the give-up event."""
+    config = resilient.BulkheadConfig(max_concurrent=1, max_wait=0)
+    held: list[Any] = []
+
+    def hold(event: object) -> None:
+        held.append(resilient.bulkhead("pool", config).acquire())
+
+    policy = Policy(
+        name="pool",
+        bulkhead=config,
+        retry_on=(ConnectionError,),
+        backoff=Constant(seconds=0),
+        before_sleep=hold,
+    )
+    with pytest.raises(resilient.BulkheadFull):
+        driver.call(policy, flaky(5))
+    for permit in held:
+        permit.release()
+    (call,) = [s for s in telemetry.spans() if s.name == "pool"]
+    (give_up,) = [e for e in call.events if e.name == "resilient.give_up"]
+    assert give_up.attributes["resilient.bulkhead"] == "pool"
+    assert give_up.attributes["resilient.reason"] == "not_retryable"
+    assert give_up.attributes["exception.type"] == (
+        "resilient.exceptions.BulkheadFull"
+    )
+    assert call.attributes["resilient.attempts"] == 1
+
+
+def test_a_dangling_attempt_span_ends_with_the_call(
+    telemetry: Telemetry,
+) -> None:
+    """A call that ends while an attempt is open ends (and counts) that
+    attempt too; ending an attempt twice changes nothing."""
+    rec = _telemetry.recorder("dangling")
+    assert rec is not None
+    rec.attempt_started(1)
+    rec.attempt_ended(None)
+    rec.attempt_ended(None)
+    rec.attempt_started(2)
+    rec.ended(KeyError("stop"))
+    spans = telemetry.spans()
+    assert [s.name for s in spans] == [
+        "dangling attempt",
+        "dangling attempt",
+        "dangling",
+    ]
+    assert spans[1].status.status_code is StatusCode.ERROR
+    assert spans[2].attributes["resilient.attempts"] == 2
+    assert telemetry.metrics()["resilient.attempts"] == 2
+
+
+def test_one_allowed_attempt_is_no_give_up(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A policy that allows one attempt does not retry: its failure is a
+    plain failure, not a give-up (reason ``attempts``)."""
+    policy = Policy(name="once", attempts=1)
+    with pytest.raises(ConnectionError):
+        driver.call(resilient.retry(policy), flaky(5))
+    (call,) = [s for s in telemetry.spans() if s.name == "once"]
+    assert "resilient.give_up.reason" not in call.attributes
+    assert "resilient.give_ups" not in telemetry.metrics()
+
+
+def test_a_budget_too_short_for_any_retry_is_a_give_up(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """A first attempt whose retry cannot start within the budget is a
+    give-up: retrying stopped on time, not by choice."""
+    policy = Policy(name="short", budget=1.0, backoff=Constant(seconds=2))
+    with pytest.raises(ConnectionError):
+        driver.call(resilient.retry(policy), flaky(5))
+    (call,) = [s for s in telemetry.spans() if s.name == "short"]
+    assert call.attributes["resilient.give_up.reason"] == "budget"
+    assert telemetry.metrics()["resilient.give_ups"] == 1

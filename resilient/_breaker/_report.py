@@ -1,6 +1,7 @@
 """
 What a breaker tells telemetry: span events on the caller's current span
-and two counters, for state changes and rejections.
+and two counters, for state changes and rejections; state changes are
+logged too (`resilient._core._logging`).
 """
 
 from __future__ import annotations
@@ -9,7 +10,11 @@ from typing import TYPE_CHECKING, Any, final
 
 from opentelemetry import trace as otel_trace
 
-from resilient._core._telemetry import exception_attributes, instruments
+from resilient._core._logging import breaker_transition
+from resilient._core._telemetry import (
+    exception_attributes,
+    instruments,
+)
 
 
 if TYPE_CHECKING:
@@ -68,7 +73,8 @@ def _report(
 
 
 def report_transition(event: BreakerTransition) -> None:
-    """A state change: a counter and a span event."""
+    """A state change: a log record, a counter and a span event."""
+    breaker_transition(event)
     labels = {
         "resilient.breaker": event.name,
         "resilient.breaker.from": event.old.value,

@@ -16,7 +16,12 @@ from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace as otel_trace
 from opentelemetry.trace import Status, StatusCode
 
-from resilient.exceptions import ConfigTypeError
+from resilient.exceptions import (
+    BulkheadFull,
+    CircuitOpen,
+    ConfigTypeError,
+    Rejected,
+)
 
 
 if TYPE_CHECKING:
@@ -237,6 +242,20 @@ def bounded(text: str) -> str:
     return text[:TEXT_LIMIT] + "\u2026"
 
 
+def type_name(obj: object) -> str:
+    """
+    The fully qualified name of *obj*'s type, bounded, as OpenTelemetry's
+    ``exception.type`` wants it: ``ConnectionError``,
+    ``httpx.ConnectTimeout``, ``resilient.exceptions.CircuitOpen`` (the
+    module is left out for built-ins only). Every event, attribute and log
+    record resilient makes names a type this way.
+    """
+    cls = type(obj)
+    module = cls.__module__
+    name = cls.__qualname__
+    return bounded(name if module in {"builtins", ""} else f"{module}.{name}")
+
+
 def exception_attributes(exc: BaseException) -> dict[str, str]:
     """
     The attributes of an ``exception`` span event, bounded: the qualified
@@ -244,14 +263,8 @@ def exception_attributes(exc: BaseException) -> dict[str, str]:
     traceback (the SDK's ``record_exception`` copies it whole, with every
     message in its chain).
     """
-    cls = type(exc)
-    module = cls.__module__
-    name = cls.__qualname__
-    attributes = {
-        "exception.type": bounded(
-            name if module in {"builtins", ""} else f"{module}.{name}"
-        )
-    }
+    name = type(exc).__qualname__
+    attributes = {"exception.type": type_name(exc)}
     if TELEMETRY.record_messages:
         try:
             message = str(exc)
@@ -264,7 +277,40 @@ def exception_attributes(exc: BaseException) -> dict[str, str]:
 def record_failure(span: Span, exc: BaseException) -> None:
     """Mark *span* failed by *exc*: a bounded event and the ERROR status."""
     span.add_event("exception", exception_attributes(exc))
-    span.set_status(Status(StatusCode.ERROR, bounded(type(exc).__qualname__)))
+    span.set_status(Status(StatusCode.ERROR, type_name(exc)))
+
+
+def is_rejection(exc: BaseException | None) -> bool:
+    """
+    Whether *exc* is a stage's rejection that retry outwaits (a `Rejected`
+    that says when to come back): the attempt never reached the
+    dependency, so it is not counted as one.
+    """
+    return isinstance(exc, Rejected) and exc.retry_after is not None
+
+
+def is_give_up(event: RetryEvent) -> bool:
+    """
+    Whether *event* is a real give-up: retrying stopped on a call that had
+    been retried, or that would have been but for the time left, the retry
+    budget or a stage that would not admit. A first attempt's error that
+    the policy does not retry at all (a 404, or any error when it allows
+    one attempt) is a plain failure, not one.
+    """
+    return event.attempt > 1 or event.reason not in _PLAIN_FAILURES
+
+
+_PLAIN_FAILURES: Final = frozenset({"not_retryable", "attempts", None})
+
+
+def _stage_attributes(
+    attributes: dict[str, str | float | int], exc: BaseException | None
+) -> None:
+    """The name of the stage that rejected *exc*'s attempt."""
+    if isinstance(exc, CircuitOpen):
+        attributes["resilient.breaker"] = bounded(exc.name)
+    elif isinstance(exc, BulkheadFull):
+        attributes["resilient.bulkhead"] = bounded(exc.name)
 
 
 @final
@@ -276,10 +322,14 @@ class CallRecorder:
 
     __slots__ = (
         "_attempt",
+        "_call_token",
         "_ctx",
         "_instruments",
         "_labels",
+        "_made",
         "_name",
+        "_open",
+        "_outside",
         "_span",
         "_token",
         "_tracer",
@@ -297,15 +347,41 @@ class CallRecorder:
         self._instruments = instruments
         self._span: Span | None = None
         self._attempt: Span | None = None
+        self._open = False
+        self._made = 0
+        """Attempts made: ended, and not rejected before they ran."""
         self._token: object = None
+        self._call_token: object = None
+        self._outside: otel_context.Context | None = None
         if tracer is not None:
             self._span = tracer.start_span(policy, attributes=self._labels)
             self._ctx = otel_trace.set_span_in_context(self._span)
 
+    def enter(self) -> None:
+        """
+        Make the call span current between attempts (admission, hooks), so
+        that what the stages report then (a breaker's rejection or state
+        change, a bulkhead's refusal) lands on it.
+        """
+        if self._span is not None and self._call_token is None:
+            # The context to go back to is kept first: an asynchronous
+            # exception landing before the token is kept is undone by
+            # `exit` all the same.
+            self._outside = otel_context.get_current()
+            self._call_token = otel_context.attach(self._ctx)
+
+    def exit(self) -> None:
+        """Undo `enter` (idempotent)."""
+        token, self._call_token = self._call_token, None
+        outside, self._outside = self._outside, None
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
+        elif outside is not None and otel_context.get_current() is self._ctx:
+            otel_context.attach(outside)
+
     def attempt_started(self, number: int) -> None:
         """Open the attempt's span and make it current."""
-        if self._instruments is not None:
-            self._instruments.attempts.add(1, self._labels)
+        self._open = True
         if self._tracer is not None:
             self._attempt = self._tracer.start_span(
                 f"{self._name} attempt",
@@ -317,12 +393,28 @@ class CallRecorder:
             )
 
     def attempt_ended(self, exc: BaseException | None) -> None:
-        """Close the attempt's span, recording *exc* if it failed."""
+        """
+        Close the attempt's span, recording *exc* if it failed, and count
+        the attempt. An attempt that a stage inside it rejected (a breaker
+        the function enters itself) is not counted, and its span, which
+        cannot be withdrawn once started, is renamed ``<policy> rejected``.
+        """
+        if not self._open:
+            return
+        self._open = False
+        rejected = is_rejection(exc)
+        if not rejected:
+            self._made += 1
+            if self._instruments is not None:
+                self._instruments.attempts.add(1, self._labels)
         span, self._attempt = self._attempt, None
         if span is None:
             return
         otel_context.detach(self._token)  # type: ignore[arg-type]
         if exc is not None:
+            if rejected:
+                span.update_name(f"{self._name} rejected")
+                span.set_attribute("resilient.rejected", True)
             record_failure(span, exc)
         else:
             span.set_status(Status(StatusCode.OK))
@@ -335,46 +427,80 @@ class CallRecorder:
             self._instruments.retries.add(1, self._labels)
             self._instruments.delay.record(delay, self._labels)
         if self._span is not None:
-            self._span.add_event(
-                "resilient.retry",
-                {
-                    "resilient.attempt": event.attempt,
-                    "resilient.delay": delay,
-                    "exception.type": _type_name(event.exception),
-                },
-            )
+            attributes: dict[str, str | float | int] = {
+                "resilient.attempt": event.attempt,
+                "resilient.delay": delay,
+                "resilient.delay_source": event.delay_source or "backoff",
+            }
+            if event.exception is not None:
+                attributes["exception.type"] = type_name(event.exception)
+            self._span.add_event("resilient.retry", attributes)
+
+    def rejected(self, event: RetryEvent) -> None:
+        """
+        A stage rejected the attempt before it ran and retry outwaits it:
+        an event on the call span; neither an attempt nor a retry.
+        """
+        if self._span is not None:
+            exc = event.exception
+            attributes: dict[str, str | float | int] = {
+                "resilient.attempt": event.attempt,
+                "resilient.delay": event.delay or 0.0,
+                "resilient.delay_source": event.delay_source or "admission",
+                "exception.type": type_name(exc),
+            }
+            _stage_attributes(attributes, exc)
+            self._span.add_event("resilient.rejected", attributes)
 
     def gave_up(self, event: RetryEvent) -> None:
-        """Retrying stopped: an event on the call span and a metric."""
+        """
+        Retrying stopped: a metric, an event on the call span and its
+        ``resilient.give_up.reason``, for real give-ups only (see
+        `is_give_up`).
+        """
+        if not is_give_up(event):
+            return
         reason = event.reason or "not_retryable"
         if self._instruments is not None:
             self._instruments.give_ups.add(
                 1, {**self._labels, "resilient.reason": reason}
             )
-        if self._span is not None:
-            self._span.add_event(
-                "resilient.give_up",
-                {
-                    "resilient.attempt": event.attempt,
-                    "resilient.reason": reason,
-                    "resilient.elapsed": event.elapsed,
-                },
-            )
+        span = self._span
+        if span is not None:
+            attributes: dict[str, str | float | int] = {
+                "resilient.attempt": event.attempt,
+                "resilient.reason": reason,
+                "resilient.elapsed": event.elapsed,
+            }
+            if event.exception is not None:
+                attributes["exception.type"] = type_name(event.exception)
+                _stage_attributes(attributes, event.exception)
+            span.add_event("resilient.give_up", attributes)
+            span.set_attribute("resilient.give_up.reason", reason)
 
-    def ended(self, exc: BaseException | None, attempts: int) -> None:
-        """Close the call's span (and a dangling attempt span, if any)."""
-        if self._attempt is not None:
+    def fell_back(self, exc: BaseException) -> None:
+        """The policy's fallback takes over from *exc*: an event and an
+        attribute on the call span."""
+        span = self._span
+        if span is not None:
+            kind = type_name(exc)
+            span.add_event("resilient.fallback", {"exception.type": kind})
+            span.set_attribute("resilient.fallback", kind)
+
+    def ended(self, exc: BaseException | None) -> None:
+        """
+        Close the call's span (and a dangling attempt span, if any), with
+        the number of attempts made (``resilient.attempts``).
+        """
+        self.exit()
+        if self._open:
             self.attempt_ended(exc)
         span, self._span = self._span, None
         if span is None:
             return
-        span.set_attribute("resilient.attempts", attempts)
+        span.set_attribute("resilient.attempts", self._made)
         if exc is not None:
             record_failure(span, exc)
         else:
             span.set_status(Status(StatusCode.OK))
         span.end()
-
-
-def _type_name(exc: BaseException | None) -> str:
-    return "" if exc is None else type(exc).__qualname__

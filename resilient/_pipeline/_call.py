@@ -3,8 +3,8 @@ One call's state, shared by every driver: the clock, the lazily made retry
 machine, the telemetry recorder, the guards and the deadline tokens.
 
 Every context change it makes (the deadline context variable, the attempt
-span made current) is undone by `end_attempt`, `exit_deadline` or, on any
-other way out, `abort`.
+span made current, the call span made current between attempts) is undone
+by `end_attempt`, `exit_deadline` or, on any other way out, `abort`.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any, Final, final
 
-from resilient._core import _clock, _state
+from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
 from resilient._core._telemetry import recorder
 from resilient._retry._machine import RetryMachine, note
 from resilient._timeout._watchdog import AttemptDeadline
-from resilient.exceptions import DeadlineExceeded, GaveUpOnResult
+from resilient.exceptions import DeadlineExceeded, GaveUpOnResult, Rejected
 
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 
 log: Final = logging.getLogger("resilient")
+_RETRY_LOG: Final = _logging.RETRY
+_RETRY_LEVEL: Final = _logging.RETRY_LEVEL
 _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 
 
@@ -115,14 +117,19 @@ class Call:
         return 1 if self._machine is None else self._machine.attempt
 
     def enter_deadline(self) -> None:
-        """Make the call's deadline current (admission waits, hooks)."""
+        """Make the call's deadline current (admission waits, hooks), and
+        its span."""
         self._token = _DEADLINE.set(self._deadline)
+        if self._rec is not None:
+            self._rec.enter()
 
     def exit_deadline(self) -> None:
         """Undo `enter_deadline` (idempotent)."""
         token, self._token = self._token, None
         if token is not None:
             _DEADLINE.reset(token)
+        if self._rec is not None:
+            self._rec.exit()
 
     def start_attempt(self) -> float:
         """Open the attempt's span and make its deadline current."""
@@ -155,16 +162,26 @@ class Call:
             and exc.deadline == self._at
         )
         step = self.machine.on_error(exc, own_timeout=own)
+        rec = self._rec
         if isinstance(step, GiveUp):
             if isinstance(exc, Exception):
                 note(exc, step)
                 if step.reason == "retry_budget":
                     budget = self.guards.budget  # type: ignore[union-attr]
                     _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
-                if self._rec is not None:
-                    self._rec.gave_up(step.event)
-        elif self._rec is not None:
-            self._rec.retrying(step.event)
+                if rec is not None:
+                    rec.gave_up(step.event)
+                _logging.gave_up(step.event)
+        elif isinstance(exc, Rejected) and exc.retry_after is not None:
+            # A stage's rejection, outwaited: not an attempt, not a retry.
+            if rec is not None:
+                rec.rejected(step.event)
+            _logging.rejection_outwaited(step.event)
+        else:
+            if rec is not None:
+                rec.retrying(step.event)
+            if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
+                _logging.retry_scheduled(step.event)
         return step
 
     def returned(self, value: object) -> Retry | GiveUp | None:
@@ -172,11 +189,17 @@ class Call:
         if self.policy.retry_if_result is None:
             return None
         step = self.machine.on_result(value)
-        if self._rec is not None and step is not None:
+        if step is not None:
+            rec = self._rec
             if isinstance(step, GiveUp):
-                self._rec.gave_up(step.event)
+                if rec is not None:
+                    rec.gave_up(step.event)
+                _logging.gave_up(step.event)
             else:
-                self._rec.retrying(step.event)
+                if rec is not None:
+                    rec.retrying(step.event)
+                if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
+                    _logging.retry_scheduled(step.event)
         return step
 
     def kept(self, step: GiveUp) -> Any:
@@ -198,25 +221,20 @@ class Call:
                 note(exc, wait)
             if self._rec is not None:
                 self._rec.gave_up(wait.event)
+            _logging.gave_up(wait.event)
         return wait
 
     def fell_back(self, exc: BaseException) -> None:
         """The policy's fallback takes over from *exc*: an event (and an
         attribute) on the call's span."""
-        rec = self._rec
-        # The call span itself: CallRecorder has no method for events of
-        # the outer stages yet.
-        span = getattr(rec, "_span", None)
-        if span is not None:
-            kind = type(exc).__qualname__
-            span.add_event("resilient.fallback", {"exception.type": kind})
-            span.set_attribute("resilient.fallback", kind)
+        if self._rec is not None:
+            self._rec.fell_back(exc)
 
     def finish(self, exc: BaseException | None) -> None:
         """Close the call's telemetry (idempotent)."""
         rec, self._rec = self._rec, None
         if rec is not None:
-            rec.ended(exc, self.attempt)
+            rec.ended(exc)
 
     def abort(self, exc: BaseException | None) -> None:
         """Any other way out: undo every context change, end every span."""

@@ -270,7 +270,7 @@ class PolicyStream:
             span = getattr(rec, "_span", None)
             if span is not None:
                 span.set_attribute("resilient.stream.items", self.delivered)
-            rec.ended(error, self._call.attempt)  # type: ignore[union-attr]
+            rec.ended(error)
 
     def end(self, exc: BaseException | None) -> None:
         """The stream ended with *exc* (None: exhausted): settle and end
