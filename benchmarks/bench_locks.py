@@ -118,13 +118,14 @@ def embedded_uncontended(directory: Path) -> dict[str, Callable[[int], None]]:
     }
 
 
-def _contender(kind: str, path: str, holds: int, out: str) -> None:
-    """One contending process: acquire, hold ~1 ms, release; log times."""
+def _contender(
+    kind: str, path: str, holds: int, out: str, hold_ms: float = 1.0
+) -> None:
+    """One contending process: acquire, hold *hold_ms*, release; log times."""
     times: list[tuple[int, int]] = []
     if kind == "resilient":
-        lock = resilient.lock(
-            "handover", backend=f"sqlite:///{path}", ttl=30, timeout=60
-        )
+        url = path if "://" in path else f"sqlite:///{path}"
+        lock = resilient.lock("handover", backend=url, ttl=30, timeout=60)
     else:
         import filelock
 
@@ -132,22 +133,34 @@ def _contender(kind: str, path: str, holds: int, out: str) -> None:
     for _ in range(holds):
         with lock:
             got = time.monotonic_ns()
-            while time.monotonic_ns() - got < 1_000_000:
+            if hold_ms > 1.0:
+                time.sleep(hold_ms / 1000.0)
+            while time.monotonic_ns() - got < hold_ms * 1_000_000:
                 pass
             times.append((got, time.monotonic_ns()))
+        if hold_ms > 1.0:
+            # Long holds: rest as long after the release, so the lock goes
+            # to the process that was waiting rather than back to this one.
+            time.sleep(hold_ms / 1000.0)
     pid = os.getpid()
     Path(out).write_text("\n".join(f"{a} {b} {pid}" for a, b in times))
 
 
-def handover(
-    kind: str, directory: Path, procs: int, holds: int
+def handover(  # noqa: PLR0917
+    kind: str,
+    directory: Path,
+    procs: int,
+    holds: int,
+    url: str | None = None,
+    hold_ms: float = 1.0,
 ) -> list[float]:
-    """Release-to-acquire latencies in ms with *procs* contending."""
+    """Release-to-acquire latencies in ms with *procs* contending (on the
+    lock *url*, else on an embedded store in *directory*)."""
     ctx = multiprocessing.get_context("spawn")
-    path = str(directory / f"handover-{kind}.sqlite3")
+    path = url or str(directory / f"handover-{kind}.sqlite3")
     outs = [str(directory / f"{kind}-{i}.txt") for i in range(procs)]
     workers = [
-        ctx.Process(target=_contender, args=(kind, path, holds, out))
+        ctx.Process(target=_contender, args=(kind, path, holds, out, hold_ms))
         for out in outs
     ]
     for w in workers:

@@ -305,11 +305,13 @@ class LockBackendError(ResilientError):
     failed renewal is retried until the lease's validity runs out, and a
     failed release leaves the lease to expire on the store.
 
-    The message names the scheme and the store's error code, never the URL
-    (it may hold a password) nor an owner token.
+    The message names the scheme, the store's host and port and its error
+    code, never the whole URL (it may hold a password) nor an owner token.
 
     Attributes:
         scheme: The URL scheme of the store, like ``"redis"``.
+        where: The store's host and port from its URL, like
+            ``"10.0.0.5:6379"`` (no user name or password), or `None`.
         reason: A short code: the store's error code (``"OOM"``,
             ``"READONLY"``, ``"LOADING"``, ``"BUSY"``, ``"WRONGTYPE"``,
             ``"NOAUTH"``, ``"NOPERM"``; a PostgreSQL SQLSTATE such as
@@ -322,12 +324,20 @@ class LockBackendError(ResilientError):
     """
 
     def __init__(
-        self, scheme: str, reason: str, message: str, *, retryable: bool
+        self,
+        scheme: str,
+        reason: str,
+        message: str,
+        *,
+        retryable: bool,
+        where: str | None = None,
     ) -> None:
         self.scheme = scheme
         self.reason = reason
         self.retryable = retryable
-        super().__init__(f"{scheme} lock store: {reason}: {message}")
+        self.where = where
+        at = f" at {where}" if where else ""
+        super().__init__(f"{scheme} lock store{at}: {reason}: {message}")
 
 
 class LockNotAcquired(Rejected):

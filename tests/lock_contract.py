@@ -72,6 +72,13 @@ def acquire_soon(
         time.sleep(0.005)
 
 
+def settle_watch(woken: threading.Event) -> None:
+    """Let a new watch start (it may wake its watcher once, spuriously, as
+    it begins to listen), then forget that wake-up."""
+    woken.wait(0.2)
+    woken.clear()
+
+
 class BackendContract:
     """What every lock backend does; subclass and give the fixtures."""
 
@@ -277,8 +284,9 @@ class BackendContract:
     # -- watch ------------------------------------------------------------
 
     def test_watch_wakes_on_release(self, lock_backend_url: str) -> None:
-        """A watcher is told when the holder releases; after it stops
-        watching it is not."""
+        """A watcher is told when the holder releases (after at most one
+        spurious wake-up as the watch starts, which the protocol allows),
+        not while the lease is held, and not after it stops watching."""
         backend = open_backend(lock_backend_url)
         key = fresh_key()
         owner = OwnerToken()
@@ -288,11 +296,78 @@ class BackendContract:
         try:
             if not self.watches:
                 pytest.skip("this store cannot tell when a lease is freed")
-            assert not woken.wait(0.02)
-            backend.release(key, owner)
+            settle_watch(woken)
+            assert not woken.wait(0.05)
+            assert backend.release(key, owner) is ReleaseResult.RELEASED
             assert woken.wait(5.0)
         finally:
             stop()
+        woken.clear()
+        again = OwnerToken()
+        assert isinstance(acquire_soon(backend, key, again, 10.0), Grant)
+        assert backend.release(key, again) is ReleaseResult.RELEASED
+        assert not woken.wait(0.1)
+
+    def test_watchers_of_one_lock_all_wake_and_others_do_not(
+        self, lock_backend_url: str
+    ) -> None:
+        """Every watcher of a released lock is told (threads of one process
+        share the store's wake-ups); a watcher of another lock is not."""
+        backend = open_backend(lock_backend_url)
+        key, other = fresh_key(), fresh_key()
+        owner = OwnerToken()
+        backend.acquire(key, owner, 10.0)
+        backend.acquire(other, OwnerToken(), 10.0)
+        events = [threading.Event() for _ in range(3)]
+        unrelated = threading.Event()
+        stops = [backend.watch(key, e.set) for e in events]
+        stops.append(backend.watch(other, unrelated.set))
+        try:
+            if not self.watches:
+                pytest.skip("this store cannot tell when a lease is freed")
+            for event in (*events, unrelated):
+                settle_watch(event)
+            assert backend.release(key, owner) is ReleaseResult.RELEASED
+            assert all(e.wait(5.0) for e in events)
+            assert not unrelated.wait(0.1)
+        finally:
+            for stop in stops:
+                stop()
+
+    @pytest.mark.parametrize("library", ["asyncio", "trio"])
+    def test_async_watch_wakes_a_waiting_task(
+        self, lock_backend_url: str, library: str
+    ) -> None:
+        """The async twin's watch wakes a task waiting on an event (the
+        notify comes from another thread) when the lease is released."""
+
+        async def main() -> bool:
+            from resilient._core._loops import loop_caller
+            from resilient._lock._lock import _loop_token
+
+            backend = async_backend(lock_backend_url, _loop_token(library))
+            key, owner = fresh_key(), OwnerToken()
+            await backend.acquire(key, owner, 10.0)
+            call = loop_caller(library)
+            woken = anyio.Event()
+            stop = backend.watch(key, lambda: call(woken.set))
+            try:
+                await anyio.sleep(0.2)  # the watch's start may wake it once
+                woken = anyio.Event()
+                with anyio.move_on_after(0.05):
+                    await woken.wait()
+                assert not woken.is_set()
+                await backend.release(key, owner)
+                with anyio.move_on_after(5.0):
+                    await woken.wait()
+                return woken.is_set()
+            finally:
+                stop()
+                await backend.aclose()
+
+        if not self.watches:
+            pytest.skip("this store cannot tell when a lease is freed")
+        assert anyio.run(main, backend=library)
 
     # -- storage ------------------------------------------------------------
 

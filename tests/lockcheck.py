@@ -7,7 +7,11 @@ short TTL, renewal on). Each holder writes ``begin`` and ``end`` with its
 fencing token to a *resource* that accepts a write only if its token is at
 least the highest accepted so far (a stale holder is refused). Meanwhile
 the checker freezes the current holder with ``SIGSTOP`` for 1.2 to 3 TTLs at
-random, then lets it go on (``SIGCONT``).
+random, then lets it go on (``SIGCONT``). Given a way to pause the store
+(`Settings.pause_backend`: ``SIGSTOP`` a server, or hold an embedded
+store's database locked), it also freezes the store for one TTL at every
+tenth freeze of a holder (the third, the thirteenth...), from the moment
+the holder stops.
 
 It then checks, from the resource's log and the workers' own records:
 
@@ -40,7 +44,11 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +66,10 @@ class Settings:
     pause_every: tuple[float, float] = (0.4, 0.8)
     pause_ttls: tuple[float, float] = (1.2, 3.0)
     name: str = "lockcheck"
+    #: Pauses the store now and returns what resumes it (or None: never).
+    pause_backend: Callable[[], Callable[[], None]] | None = None
+    #: One holder freeze in this many also freezes the store for one TTL.
+    backend_every: int = 10
 
     @property
     def renew_interval(self) -> float:
@@ -72,6 +84,7 @@ class Report:
     accepted: int = 0
     stale: int = 0
     pauses: int = 0
+    backend_pauses: int = 0
     holder_pauses: int = 0
     lost_seen: int = 0
     worst_lost_delay: float = 0.0
@@ -263,12 +276,9 @@ def run(settings: Settings) -> Report:
             holder = resource.holder
             if holder is None:
                 continue
-            pid = holder[0]
-            os.kill(pid, signal.SIGSTOP)
-            stopped = time.monotonic()
-            time.sleep(settings.ttl * rng.uniform(*settings.pause_ttls))
-            os.kill(pid, signal.SIGCONT)
-            pauses.append((pid, stopped, time.monotonic(), True))
+            pauses.append(
+                _freeze(settings, holder[0], rng, len(pauses), report)
+            )
     finally:
         stopfile.touch()
         for p in procs:
@@ -290,6 +300,37 @@ def run(settings: Settings) -> Report:
             report.problems.append(f"worker {p.pid} left no results")
     _check(settings, resource, results, pauses, report)
     return report
+
+
+def _freeze(
+    settings: Settings,
+    pid: int,
+    rng: random.Random,
+    count: int,
+    report: Report,
+) -> tuple[int, float, float, bool]:
+    """
+    Freeze the holder *pid* for 1.2 to 3 TTLs; at one freeze in
+    `Settings.backend_every` (the third, the thirteenth...), freeze the
+    store too, for one TTL from the same moment.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    frozen = settings.ttl * rng.uniform(*settings.pause_ttls)
+    if (
+        settings.pause_backend is not None
+        and count % settings.backend_every == 2
+    ):
+        resume = settings.pause_backend()
+        try:
+            time.sleep(settings.ttl)
+        finally:
+            resume()
+        report.backend_pauses += 1
+        frozen -= time.monotonic() - stopped
+    time.sleep(max(frozen, 0.0))
+    os.kill(pid, signal.SIGCONT)
+    return (pid, stopped, time.monotonic(), True)
 
 
 def _check(  # noqa: PLR0912 - one pass per property

@@ -31,6 +31,7 @@ from tests import services
 __all__ = [
     "RUN_ID",
     "Services",
+    "colour",
     "missing_service",
     "postgres_lock_url",
     "postgres_server",
@@ -112,6 +113,13 @@ class Services:
         for server in self._started:
             server.stop()
         shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture(params=["sync", "asyncio", "trio"])
+def colour(request: pytest.FixtureRequest) -> str:
+    """A backend test on the sync twin and on the async twin (asyncio, and
+    trio through threads): see `tests.backend_shells.open_shell`."""
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -247,7 +247,9 @@ class RedisServer(_Process):
 
     def _ready(self) -> bool:
         try:
-            return self.command("PING", timeout=0.5).startswith(b"+PONG")
+            # A server with ``--requirepass`` answers NOAUTH: it is up.
+            reply = self.command("PING", timeout=0.5)
+            return reply.startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

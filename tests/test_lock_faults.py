@@ -9,6 +9,9 @@ throwaway ones, never a shared one.
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -19,11 +22,13 @@ from pathlib import Path
 
 import anyio
 import pytest
+import time_machine
 
 import resilient
-from resilient.exceptions import LockLost, LockNotAcquired
+from resilient.exceptions import LockBackendError, LockLost, LockNotAcquired
 from tests import lockcheck
 from tests.faultproxy import FaultProxy
+from tests.service_fixtures import Services
 from tests.services import PostgresServer, RedisServer
 
 
@@ -53,19 +58,64 @@ def backend_url(
         yield str(request.getfixturevalue("postgres_lock_url"))
 
 
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ]
+)
+def pausable_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[str, Callable[[], Callable[[], None]]]:
+    """
+    A lock URL on each backend that spans processes, on a store of this
+    test's own, and how to pause it: SIGSTOP the throwaway server, or hold
+    the embedded store's database in an exclusive transaction.
+    """
+    if request.param == "sqlite":
+        path = tmp_path / "locks.sqlite3"
+
+        def hold_database() -> Callable[[], None]:
+            db = sqlite3.connect(path, timeout=5.0, isolation_level=None)
+            db.execute("BEGIN EXCLUSIVE")
+
+            def resume() -> None:
+                db.execute("COMMIT")
+                db.close()
+
+            return resume
+
+        return f"sqlite:///{path}", hold_database
+    server: RedisServer | PostgresServer = request.getfixturevalue(
+        "redis_server" if request.param == "redis" else "postgres_server"
+    )
+
+    def freeze_server() -> Callable[[], None]:
+        server.pause()
+        return server.resume
+
+    return f"{server.url}?timeout=0.5", freeze_server
+
+
 def test_fenced_lock_checker(
-    backend_url: str, request: pytest.FixtureRequest
+    pausable_store: tuple[str, Callable[[], Callable[[], None]]],
+    request: pytest.FixtureRequest,
 ) -> None:
     """
     RELIABILITY test 1: 8 processes, 2,000 grants, holders frozen past
-    their TTL at random. No two grants share a token, no accepted write
+    their TTL at random, and the store itself frozen for a TTL at one
+    holder freeze in ten. No two grants share a token, no accepted write
     lands inside another holder's accepted section, no unfrozen holder is
     overlapped, at least one stale write is refused, and every holder
     frozen past its TTL gets LockLost within a renewal interval + 100 ms of
     running again.
     """
+    url, pause = pausable_store
     settings = lockcheck.Settings(
-        url=backend_url, name=f"lockcheck-{request.node.callspec.id}"
+        url=url,
+        name=f"lockcheck-{request.node.callspec.id}",
+        pause_backend=pause,
     )
     report = lockcheck.run(settings)
     print(report)  # noqa: T201 - the figures, for the log
@@ -73,6 +123,7 @@ def test_fenced_lock_checker(
     assert report.grants >= settings.grants
     assert report.stale >= 1
     assert report.holder_pauses >= 1
+    assert report.backend_pauses >= 1
     assert report.lost_seen == report.holder_pauses
 
 
@@ -274,6 +325,15 @@ def _held_elsewhere(name: str, url: str) -> bool:
 # Lost and late replies through the proxy -------------------------------------
 
 
+def _proxied(kind: str, proxy: FaultProxy, timeout: float) -> str:
+    """The lock URL of a server of *kind* reached through *proxy*."""
+    if kind == "redis":
+        return proxy.url("redis", f"/0?timeout={timeout}")
+    return proxy.url(
+        "postgresql", f"/postgres?user=postgres&timeout={timeout}"
+    )
+
+
 @pytest.mark.parametrize(
     "kind",
     [
@@ -290,14 +350,8 @@ def test_lost_reply_to_a_grant_is_recognised(
     lease at once, instead of waiting out the 5 s TTL; others find it held.
     """
     _, server = _server_url(request, kind)
-    scheme = "redis" if kind == "redis" else "postgresql"
-    path = (
-        "/0?timeout=0.5"
-        if kind == "redis"
-        else "/postgres?user=postgres&timeout=0.5"
-    )
     with FaultProxy(server.port) as proxy:
-        url = proxy.url(scheme, path)
+        url = _proxied(kind, proxy, 0.5)
         warm = resilient.lock("warm", backend=url, ttl=1.0)
         with warm:
             pass
@@ -328,14 +382,8 @@ def test_reply_after_validity_is_not_a_grant(
     the lock is free again within a TTL.
     """
     _, server = _server_url(request, kind)
-    scheme = "redis" if kind == "redis" else "postgresql"
-    path = (
-        "/0?timeout=2"
-        if kind == "redis"
-        else "/postgres?user=postgres&timeout=2"
-    )
     with FaultProxy(server.port) as proxy:
-        url = proxy.url(scheme, path)
+        url = _proxied(kind, proxy, 2)
         with resilient.lock("warm", backend=url, ttl=1.0):
             pass
         proxy.latency = 0.2  # each way
@@ -345,3 +393,256 @@ def test_reply_after_validity_is_not_a_grant(
         proxy.latency = 0.0
         time.sleep(TTL)
         assert not _held_elsewhere("late", url)
+
+
+# Configuration errors end the acquire at once --------------------------------
+#
+# A store's error that trying again cannot cure (RELIABILITY test 11:
+# WRONGTYPE and NOAUTH never retried; a missing privilege, a refused login)
+# raises LockBackendError from the acquire at once, naming the store's
+# scheme and host, never its password nor the owner token, and writes
+# nothing. Each lock here would otherwise wait 3 s.
+
+WAIT = 3.0
+AT_ONCE = 1.0  # well under WAIT, with slack for a loaded machine
+
+
+def _acquire_with(lock: resilient.Lock, colour: str) -> None:
+    """Acquire (and release) *lock* from a thread or an async task."""
+    if colour == "sync":
+        with lock:
+            return
+
+    async def main() -> None:
+        async with lock:
+            return
+
+    anyio.run(main, backend=colour)
+
+
+def _fails_at_once(
+    lock: resilient.Lock, colour: str, reason: str, where: str
+) -> LockBackendError:
+    start = time.monotonic()
+    with pytest.raises(LockBackendError) as info:
+        _acquire_with(lock, colour)
+    took = time.monotonic() - start
+    error = info.value
+    assert (error.reason, error.retryable) == (reason, False)
+    assert took < AT_ONCE, f"gave up after {took:.2f} s"
+    assert error.where == where
+    assert where in str(error)
+    return error
+
+
+@pytest.mark.redis
+def test_redis_wrongtype_fails_at_once_and_writes_nothing(
+    redis_server: RedisServer, colour: str
+) -> None:
+    """A lease key overwritten with a string: acquire raises WRONGTYPE at
+    once (not LockNotAcquired after the wait); the string is left as it
+    was."""
+    import redis
+
+    from resilient._backends import LockKey
+
+    client = redis.Redis.from_url(redis_server.url)
+    key = f"resilient:lock:{{{LockKey.of('typed').hex}}}"
+    client.set(key, "someone else's")
+    lock = resilient.lock("typed", backend=redis_server.url, timeout=WAIT)
+    _fails_at_once(lock, colour, "WRONGTYPE", f"127.0.0.1:{redis_server.port}")
+    assert client.get(key) == b"someone else's"
+    client.close()
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("password", [None, "not-the-password"])
+def test_redis_refused_login_fails_at_once(
+    test_services: Services, colour: str, password: str | None
+) -> None:
+    """A server that wants a password, given none or a wrong one: acquire
+    raises NOAUTH at once, and the message never shows the password."""
+    server = test_services.redis(extra=("--requirepass", "sesame"))
+    try:
+        auth = f":{password}@" if password else ""
+        url = f"redis://{auth}127.0.0.1:{server.port}/0"
+        lock = resilient.lock("login", backend=url, timeout=WAIT)
+        error = _fails_at_once(
+            lock, colour, "NOAUTH", f"127.0.0.1:{server.port}"
+        )
+        assert "not-the-password" not in str(error)
+        assert "sesame" not in str(error)
+    finally:
+        test_services.release(server)
+
+
+@pytest.mark.postgres
+def test_postgres_missing_privilege_fails_at_once(
+    postgres_url: str, colour: str
+) -> None:
+    """A role without rights on the lease table (42501): acquire raises at
+    once, and the URL's password is not in the message."""
+    import uuid
+
+    import psycopg
+
+    from tests.service_fixtures import with_query
+
+    table = f"denied_{uuid.uuid4().hex[:12]}"
+    role = f"r_{table}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(
+            f"CREATE TABLE {table} (key bytea PRIMARY KEY, owner bytea, "
+            "fence bigint NOT NULL, expires_at timestamptz NOT NULL)"
+        )
+    url = with_query(
+        postgres_url.replace("postgres@", f"{role}:hunter2@", 1), table=table
+    )
+    lock = resilient.lock("denied", backend=url, timeout=WAIT)
+    port = postgres_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
+    error = _fails_at_once(lock, colour, "42501", f"127.0.0.1:{port}")
+    assert "hunter2" not in str(error)
+    with psycopg.connect(postgres_url) as admin:
+        count = admin.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608
+    assert count == (0,)
+
+
+@pytest.mark.postgres
+def test_postgres_unknown_role_fails_at_once(
+    postgres_url: str, colour: str
+) -> None:
+    """A login the server refuses (28000): acquire raises at once."""
+    url = postgres_url.replace("postgres@", "nobody_here:pw1234@", 1)
+    lock = resilient.lock("nobody", backend=url, timeout=WAIT)
+    port = postgres_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
+    error = _fails_at_once(lock, colour, "28000", f"127.0.0.1:{port}")
+    assert "pw1234" not in str(error)
+
+
+@pytest.mark.redis
+def test_a_key_overwritten_mid_lease_is_lost_at_the_next_renewal(
+    redis_server: RedisServer,
+) -> None:
+    """A held lease's key overwritten with a string: the holder gets
+    LockLost at its next renewal (the renewal reads "not ours"), not only
+    when its validity runs out after retrying a WRONGTYPE error; a lease
+    of another name held alongside is kept."""
+    import redis
+
+    from resilient._backends import LockKey
+
+    ttl, renew = 1.5, 0.5
+    client = redis.Redis.from_url(redis_server.url)
+    url = f"{redis_server.url}?timeout=0.5"
+    a = resilient.lock("batch-a", backend=url, ttl=ttl, renew_interval=renew)
+    b = resilient.lock("batch-b", backend=url, ttl=ttl, renew_interval=renew)
+    with b as kept, pytest.raises(LockLost), a as lost:
+        client.set(f"resilient:lock:{{{LockKey.of('batch-a').hex}}}", "x")
+        overwritten = time.monotonic()
+        with pytest.raises(LockLost):
+            while True:
+                lost.checkpoint()
+                time.sleep(0.005)
+        # The next renewal, not the end of the validity (ttl = 1.5 s).
+        assert time.monotonic() - overwritten <= renew + 0.3
+        kept.checkpoint()
+        assert kept.held
+    client.close()
+
+
+# Wall-clock jumps in the client (RELIABILITY test 7) ------------------------
+
+
+@pytest.mark.parametrize(
+    "jump",
+    [
+        dt.timedelta(hours=1),
+        dt.timedelta(hours=-1),
+        dt.timedelta(days=1),
+        dt.timedelta(days=-1),
+    ],
+    ids=["+1h", "-1h", "+1d", "-1d"],
+)
+def test_wall_clock_jumps_change_nothing(
+    backend_url: str, jump: dt.timedelta, request: pytest.FixtureRequest
+) -> None:
+    """
+    The client's wall clock jumps (time-machine) while a lease is held and
+    while another caller waits for it: the lease stays held and renewed
+    for two TTLs past the jump (no LockLost, a rival refused all along),
+    the waiter gives up when its own wait ends by the monotonic clock
+    (neither at once nor never), and the next grant's token is higher.
+    """
+    name = f"jump-{request.node.callspec.id}"
+    ttl = 2 * TTL  # room for a renewal on a loaded machine
+    lock = resilient.lock(name, backend=backend_url, ttl=ttl)
+    waiter = resilient.lock(name, backend=backend_url, ttl=ttl, timeout=0.4)
+    waited: list[float] = []
+
+    def wait_for_it() -> None:
+        start = time.monotonic()
+        with contextlib.suppress(LockNotAcquired):
+            waiter.acquire().release()
+        waited.append(time.monotonic() - start)
+
+    with time_machine.travel(dt.datetime.now(dt.UTC), tick=True) as clock:
+        with lock as lease:
+            thread = threading.Thread(target=wait_for_it)
+            thread.start()
+            time.sleep(0.05)
+            clock.shift(jump)
+            for _ in range(int(2 * ttl / 0.02)):
+                lease.checkpoint()
+                time.sleep(0.02)
+            assert _held_elsewhere(name, backend_url)
+            assert lease.held
+            thread.join(10)
+        held = lease.token
+        with lock as again:
+            assert again.token > held
+    assert len(waited) == 1
+    assert 0.35 <= waited[0] <= 0.4 + ttl + 1.0
+
+
+@pytest.mark.redis
+def test_redis_retryable_replies_are_retried_within_the_wait(
+    redis_server: RedisServer,
+) -> None:
+    """
+    RELIABILITY test 11 at lock level: a replica's READONLY is retried
+    (within the wait, then LockNotAcquired "unavailable", nothing granted);
+    a release refused by READONLY reports UNKNOWN and leaves the lease held
+    on the server (never "released"); once the server takes writes again
+    the same lease releases.
+    """
+    import redis
+
+    from resilient import ReleaseResult
+    from resilient._backends import LockKey
+
+    client = redis.Redis.from_url(redis_server.url)
+    url = f"{redis_server.url}?timeout=0.5"
+    held = resilient.lock("readonly-held", backend=url, ttl=5.0)
+    lease = held.acquire()
+    client.execute_command("REPLICAOF", "127.0.0.1", "1")
+    try:
+        other = resilient.lock("readonly-new", backend=url, timeout=0.5)
+        start = time.monotonic()
+        with pytest.raises(LockNotAcquired) as info:
+            other.acquire()
+        assert info.value.reason == "unavailable"
+        assert time.monotonic() - start >= 0.45  # retried, not given up
+        assert isinstance(info.value.__cause__, LockBackendError)
+        assert info.value.__cause__.reason == "READONLY"
+        assert lease.release() is ReleaseResult.UNKNOWN
+    finally:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    key = f"resilient:lock:{{{LockKey.of('readonly-held').hex}}}"
+    assert client.hget(key, "o") is not None  # still held on the server
+    assert (
+        client.exists(f"resilient:lock:{{{LockKey.of('readonly-new').hex}}}")
+        == 0
+    )
+    assert lease.release() is ReleaseResult.RELEASED
+    client.close()

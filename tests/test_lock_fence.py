@@ -12,7 +12,6 @@ from collections.abc import Iterator
 import pytest
 
 import resilient
-from tests.conftest import service_url
 
 
 @pytest.fixture
@@ -111,10 +110,11 @@ def test_an_unknown_placeholder_style_is_refused() -> None:
 
 
 @pytest.mark.postgres
-def test_psycopg_connections() -> None:
-    """The same statement works on psycopg (``%s`` placeholders)."""
+def test_psycopg_connections(postgres_url: str) -> None:
+    """The same statement works on psycopg (``%s`` placeholders), on the
+    test server (a throwaway one, or DATABASE_URL without the binaries)."""
     psycopg = pytest.importorskip("psycopg")
-    with psycopg.connect(service_url("DATABASE_URL"), autocommit=True) as conn:
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(
             "CREATE TEMP TABLE jobs (id INT, body TEXT, fence BIGINT)"
         )

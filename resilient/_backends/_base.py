@@ -40,6 +40,7 @@ import enum
 import hashlib
 import math
 import secrets
+import urllib.parse
 from typing import TYPE_CHECKING, Final, Protocol, final
 
 import attrs
@@ -347,6 +348,43 @@ def url_seconds(value: str) -> float:
             "lock URL timeout", value[:32], "must be seconds > 0"
         )
     return seconds
+
+
+def url_where(url: str) -> str:
+    """
+    Where a store is, for error messages: the URL's host and port, never
+    its user name, password, path or query (``"(default host)"`` when the
+    URL names none, as libpq then uses its own defaults).
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return "(unreadable host)"
+    if not host:
+        return "(default host)"
+    shown = f"[{host}]" if ":" in host else host
+    return f"{shown}:{port}" if port else shown
+
+
+def url_secrets(url: str) -> tuple[str, ...]:
+    """The URL's password as written and decoded, to cut from messages."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return ()
+    if not password:
+        return ()
+    return tuple({password, urllib.parse.unquote(password)})
+
+
+def hide(message: str, secrets: tuple[str, ...]) -> str:
+    """*message* with every one of *secrets* replaced by ``(secret)``."""
+    for secret in secrets:
+        if secret:
+            message = message.replace(secret, "(secret)")
+    return message
 
 
 def call_limit(cap: float, timeout: float) -> float:

@@ -52,7 +52,12 @@ from resilient._lock._machine import (
     valid_until,
 )
 from resilient._lock._renewer import task_renewer, thread_renewer
-from resilient.exceptions import ConfigTypeError, LockLost, LockNotAcquired
+from resilient.exceptions import (
+    ConfigTypeError,
+    LockBackendError,
+    LockLost,
+    LockNotAcquired,
+)
 
 
 if TYPE_CHECKING:
@@ -465,6 +470,7 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa
             try:
                 answer = backend.acquire(lock.key, owner, config.ttl)
             except Exception as exc:  # noqa: BLE001 - no answer: retried
+                _raise_if_final(exc)
                 error = exc
                 step = acq.failed(clock.now())
             else:
@@ -519,11 +525,27 @@ def _acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa
             out[-1].release()
         elif sent_any and not isinstance(exc, LockNotAcquired):
             _compensate(backend, lock.key, owner)
-            telemetry.end("interrupted", error=True)
+            telemetry.end(_why(exc), error=True)
         raise
     finally:
         if stop is not None:
             stop()
+
+
+def _raise_if_final(exc: Exception) -> None:
+    """
+    Raise *exc* at once when trying again cannot help: a store's error that
+    is not retryable (a key of another type, a refused login or privilege)
+    is a configuration error, not a busy lock; waiting it out would only
+    hide it.
+    """
+    if isinstance(exc, LockBackendError) and not exc.retryable:
+        raise exc
+
+
+def _why(exc: BaseException) -> str:
+    """The span outcome of an acquisition that *exc* ended."""
+    return "error" if isinstance(exc, LockBackendError) else "interrupted"
 
 
 def _compensate(backend: LockBackend, key: LockKey, owner: OwnerToken) -> None:
@@ -583,6 +605,7 @@ async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease: 
             try:
                 answer = await backend.acquire(lock.key, owner, config.ttl)
             except Exception as exc:  # noqa: BLE001 - no answer: retried
+                _raise_if_final(exc)
                 error = exc
                 step = acq.failed(clock.now())
             else:
@@ -630,7 +653,7 @@ async def _aacquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease: 
             await out[-1].arelease()
         elif sent_any and not isinstance(exc, LockNotAcquired):
             await _acompensate(backend, lock.key, owner)
-            telemetry.end("interrupted", error=True)
+            telemetry.end(_why(exc), error=True)
         raise
     finally:
         if stop is not None:

@@ -1,0 +1,244 @@
+"""
+Wake-ups for waiters of a server store: one listening connection per store
+in a process, shared by every waiter (threads, asyncio tasks, trio tasks).
+
+A `WatchHub` keeps the waiters' callbacks by channel and runs one daemon
+thread that holds the store's listening connection (Redis ``SUBSCRIBE``,
+PostgreSQL ``LISTEN``); the store-specific part is `WatchHub._serve`. The
+thread starts with the first watcher and ends (closing its connection)
+once nobody has watched for `LINGER` seconds, or when the last backend
+using the hub is closed.
+
+Wake-ups are hints, never the truth: a waiter woken looks again with an
+acquire, and a waiter never woken looks again on its backoff (or when the
+holder's lease expires: an expiry without a release publishes nothing). So
+the hub may notify spuriously, and does on purpose whenever it starts (or
+starts again) to listen to a channel: a release that came before the
+subscription took effect, and after the waiter's last look, would
+otherwise go unseen until the backoff ran out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Final
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable
+
+
+__all__ = ["LINGER", "WatchHub", "hub_for"]
+
+log = logging.getLogger("resilient.lock")
+
+#: Seconds the listening connection stays open with nobody watching.
+LINGER: Final = 2.0
+
+#: Reconnection backoff after the listening connection failed, in seconds.
+RETRY_FIRST: Final = 0.05
+RETRY_CAP: Final = 1.0
+
+
+class WatchHub:
+    """
+    The callbacks of one store's waiters, by channel, and the thread that
+    listens for them. Subclasses give `_serve` (one connection's life).
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._thread: threading.Thread | None = None
+        self._idle_since = time.monotonic()
+        self._closed = threading.Event()
+        self._users = 0
+        self._pid = os.getpid()
+        self._wake_r, self._wake_w = _pipe()
+
+    # -- what waiters call (never blocks, never raises) ---------------------
+
+    def watch(
+        self, channel: str, notify: Callable[[], None]
+    ) -> Callable[[], None]:
+        """Call *notify* when *channel* is told; returns the unwatch."""
+        if self._pid != os.getpid():  # pragma: no cover - in a forked child
+            self._after_fork()
+        with self._lock:
+            self._watchers.setdefault(channel, []).append(notify)
+            if self._thread is None and not self._closed.is_set():
+                thread = threading.Thread(
+                    target=self._run, name=f"resilient-{self.name}-watch"
+                )
+                thread.daemon = True
+                self._thread = thread
+                thread.start()
+        self.poke()
+
+        def stop() -> None:
+            with self._lock:
+                notifies = self._watchers.get(channel)
+                if notifies is not None and notify in notifies:
+                    notifies.remove(notify)
+                    if not notifies:
+                        del self._watchers[channel]
+                if not self._watchers:
+                    self._idle_since = time.monotonic()
+            self.poke()
+
+        return stop
+
+    def _after_fork(self) -> None:  # pragma: no cover - in a forked child
+        # The parent's thread did not come along; its lock may be held.
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._thread = None
+        self._watchers = {}
+        self._wake_r, self._wake_w = _pipe()
+
+    def poke(self) -> None:
+        """Wake the thread (the watched channels changed, or closing)."""
+        with contextlib.suppress(OSError):  # full (it will wake) or closed
+            os.write(self._wake_w, b"x")
+
+    # -- what the thread calls ----------------------------------------------
+
+    def channels(self) -> set[str]:
+        """The channels watched now."""
+        with self._lock:
+            return set(self._watchers)
+
+    def tell(self, channel: str) -> None:
+        """Notify every waiter of *channel*."""
+        with self._lock:
+            notifies = list(self._watchers.get(channel, ()))
+        for notify in notifies:
+            _call(notify)
+
+    def tell_all(self) -> None:
+        """Notify every waiter (a spurious wake-up: see the module)."""
+        with self._lock:
+            notifies = [n for ns in self._watchers.values() for n in ns]
+        for notify in notifies:
+            _call(notify)
+
+    def drain(self) -> None:
+        """Empty the wake-up pipe."""
+        with contextlib.suppress(OSError):
+            while os.read(self._wake_r, 512):
+                pass
+
+    def done(self) -> bool:
+        """
+        Whether the thread should end: closed, or nobody has watched for
+        `LINGER` seconds (then it forgets itself under the lock, so that a
+        watcher coming now starts a new thread).
+        """
+        with self._lock:
+            idle = (
+                not self._watchers
+                and time.monotonic() - self._idle_since >= LINGER
+            )
+            if self._closed.is_set() or idle:
+                self._thread = None
+                return True
+            return False
+
+    def wake_fd(self) -> int:
+        """The descriptor that becomes readable when the thread is poked."""
+        return self._wake_r
+
+    def _serve(self) -> None:
+        """Open a connection, listen and tell, until `done`; raise when the
+        connection fails (the thread opens another after a backoff)."""
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        delay = RETRY_FIRST
+        while not self.done():
+            started = time.monotonic()
+            try:
+                self._serve()
+            except Exception as exc:  # noqa: BLE001 - reconnect after a pause
+                log.debug(
+                    "lock store %s: the wake-up connection failed (%s); "
+                    "waiters look again on their backoff",
+                    self.name,
+                    type(exc).__name__,
+                )
+                if time.monotonic() - started > RETRY_CAP:
+                    delay = RETRY_FIRST  # It had worked for a while.
+                if self._closed.wait(delay):
+                    break
+                delay = min(delay * 2, RETRY_CAP)
+        with self._lock:
+            if self._thread is threading.current_thread():
+                self._thread = None
+
+    # -- users: the backends sharing the hub ---------------------------------
+
+    def close(self) -> None:
+        """End the thread and its connection for good."""
+        self._closed.set()
+        self.poke()
+        with self._lock:
+            thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(0.5)
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _pipe() -> tuple[int, int]:
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    return r, w
+
+
+def _call(notify: Callable[[], None]) -> None:
+    try:
+        notify()
+    except Exception:  # pragma: no cover - the shells' notifies do not raise
+        log.exception("lock wake-up callback failed")
+
+
+_HUBS: dict[Hashable, WatchHub] = {}
+_HUBS_LOCK = threading.Lock()
+
+
+def hub_for(
+    key: Hashable, make: Callable[[], WatchHub]
+) -> tuple[WatchHub, Callable[[], None]]:
+    """
+    The process's hub for *key* (a store: its driver URL and namespace or
+    table), made by *make* on first use, and the function a backend calls
+    when it closes: the last one to close ends the hub.
+    """
+    with _HUBS_LOCK:
+        hub = _HUBS.get(key)
+        if hub is None:
+            hub = _HUBS[key] = make()
+        hub._users += 1  # noqa: SLF001 - the registry's count
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        with _HUBS_LOCK:
+            if released:
+                return
+            released = True
+            hub._users -= 1  # noqa: SLF001
+            last = hub._users == 0  # noqa: SLF001
+            if last and _HUBS.get(key) is hub:
+                del _HUBS[key]
+        if last:
+            hub.close()
+
+    return hub, release
