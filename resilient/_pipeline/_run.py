@@ -136,7 +136,7 @@ def abandon(call: Call, gen: Flow, exc: BaseException) -> None:
     dropped instead would be closed wherever it is freed (another thread,
     another context).
     """
-    if gen.gi_frame is None:
+    if gen.gi_frame is None:  # type: ignore[attr-defined] # (inspect.getgeneratorstate, faster)
         return  # The flow raised it: it is over and has cleaned up.
     try:
         gen.throw(exc)
@@ -293,7 +293,9 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
                         bare.fast_settle(ticket, None)  # type: ignore[union-attr]
                     return result
                 finally:
-                    if token is None:
+                    if (
+                        token is None
+                    ):  # pragma: no cover - only an asynchronous exception
                         # Lost between the set and its store (an
                         # asynchronous exception): put the value back.
                         _DEADLINE.set(outer)
@@ -361,7 +363,9 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
                     except BaseException as exc:  # noqa: BLE001 - settled first
                         failed = exc
                 finally:
-                    if token is None:
+                    if (
+                        token is None
+                    ):  # pragma: no cover - only an asynchronous exception
                         _DEADLINE.set(outer)  # Lost: see call_sync.
                     else:
                         _DEADLINE.reset(token)
