@@ -61,6 +61,8 @@ OPEN_FOR = 3600.0
 FLOOR = "floor (hand-written)"
 RES = "resilient"
 RES_COUNT = "resilient CountWindow(5)"
+RES_WITH = "resilient, with breaker:"
+RES_AWITH = "resilient, async with breaker:"
 BARE = "(undecorated call)"
 PIPE_RES = "resilient @policy"
 
@@ -81,6 +83,7 @@ NOTES = (
         " >= 50% failures over >= 5 calls; lock-guarded, thread-safe"
     ),
     f"{RES_COUNT}: the same with window=CountWindow(size=5)",
+    f"{RES_WITH!r} / {RES_AWITH!r}: the {RES} breaker as a context manager",
     "pybreaker: CircuitBreaker(fail_max=5, reset_timeout=3600); sync only",
     (
         "circuitbreaker: CircuitBreaker(failure_threshold=5,"
@@ -250,8 +253,11 @@ def breakers(is_async: bool) -> list[tuple[str, Callable[[], Wrap]]]:
     return rows
 
 
-class DependencyError(Exception):
-    """What the failing dependency raises."""
+class DependencyError(ConnectionError):
+    """
+    What the failing dependency raises: a connection error, which every
+    contender counts (resilient's default counts dependency failures only).
+    """
 
 
 def ok() -> int:
@@ -311,6 +317,24 @@ def _sync_calls(fn: Callable[[], int]) -> h.SyncRun:
     return run
 
 
+def _sync_with(cb: Any) -> h.SyncRun:
+    def run(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            with cb:
+                ok()
+
+    return run
+
+
+def _async_with(cb: Any) -> h.AsyncRun:
+    async def run(n: int) -> None:
+        for _ in itertools.repeat(None, n):
+            async with cb:
+                await aok()
+
+    return run
+
+
 def _sync_rejections(fn: Callable[[], int]) -> h.SyncRun:
     caught = rejections()
 
@@ -352,6 +376,10 @@ def sync_cases() -> list[h.Case]:
         cases.append(
             h.Case("sync breaker closed", name, run=_sync_calls(make()(ok)))
         )
+        if name == RES:
+            cases.append(
+                h.Case("sync breaker closed", RES_WITH, run=_sync_with(make()))
+            )
         cases.append(
             h.Case(
                 "sync breaker open",
@@ -403,6 +431,10 @@ async def async_cases(backend: str) -> list[h.Case]:
         cases.append(h.Case(closed, BARE, arun=_async_calls(aok)))
         for name, make in breakers(is_async=True):
             cases.append(h.Case(closed, name, arun=_async_calls(make()(aok))))
+            if name == RES:
+                cases.append(
+                    h.Case(closed, RES_AWITH, arun=_async_with(make()))
+                )
             guarded = await _open_async(make())
             cases.append(h.Case(opened, name, arun=_async_rejections(guarded)))
         cases += [

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -202,8 +203,17 @@ def round_trips(make: Callable[[str], Call], url: str, port: int) -> float:
 
 
 def measure(
-    cases: dict[str, Callable[[str], Call]], url: str, rounds: int, calls: int
+    cases: dict[str, Callable[[str], Call]],
+    url: str,
+    rounds: int,
+    calls: int,
+    cpu: dict[str, list[float]] | None = None,
 ) -> dict[str, list[float]]:
+    """
+    Seconds per call of each case, a sample per round; in *cpu* (if
+    given) the client's CPU seconds per call (this thread's time: the
+    client's own work, which a loaded machine disturbs far less).
+    """
     made = {name: make(url) for name, make in cases.items()}
     for call in made.values():
         for _ in range(50):
@@ -216,37 +226,45 @@ def measure(
             order.reverse()
         for name in order:
             call = made[name]
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             for _ in range(calls):
                 call()
             samples[name].append((time.perf_counter() - start) / calls)
+            if cpu is not None:
+                used = (time.thread_time() - cpu_start) / calls
+                cpu.setdefault(name, []).append(used)
     return samples
 
 
-def table(
+def table(  # noqa: PLR0917
     title: str,
     samples: dict[str, list[float]],
     trips: dict[str, float],
     one: str,
     floor: str,
+    cpu: dict[str, list[float]],
 ) -> str:
-    """Median and minimum per call; ratios on the minimum (the least
-    disturbed sample, as in the other benchmarks), round trips."""
+    """Median and minimum per call; ratios to the floor on the median and
+    on the minimum (the least disturbed sample), the client's CPU per call
+    and its ratio, round trips."""
     med = {n: statistics.median(s) for n, s in samples.items()}
     low = {n: min(s) for n, s in samples.items()}
+    work = {n: statistics.median(s) for n, s in cpu.items()}
     lines = [
         f"### {title}",
         "",
         (
             "| contender | µs median | µs min | x one round trip | x floor "
+            "(median) | x floor (min) | client CPU µs | x floor (CPU) "
             "| round trips |"
         ),
-        "|---|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines.extend(
         f"| {name} | {med[name] * 1e6:.1f} | {low[name] * 1e6:.1f} | "
-        f"{low[name] / low[one]:.2f} | {low[name] / low[floor]:.2f} | "
-        f"{trips[name]:.1f} |"
+        f"{low[name] / low[one]:.2f} | {med[name] / med[floor]:.2f} | "
+        f"{low[name] / low[floor]:.2f} | {work[name] * 1e6:.1f} | "
+        f"{work[name] / work[floor]:.2f} | {trips[name]:.1f} |"
         for name in samples
     )
     return "\n".join(lines)
@@ -292,8 +310,11 @@ def main() -> None:
     if args.quick:
         args.rounds, args.calls = 5, 50
     with servers(args) as (rurl, rport, purl, pport):
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"load average {load} at the start\n")
         rc = redis_cases(rurl)
-        rs = measure(rc, rurl, args.rounds, args.calls)
+        rcpu: dict[str, list[float]] = {}
+        rs = measure(rc, rurl, args.rounds, args.calls, rcpu)
         rt = {n: round_trips(m, rurl, rport) for n, m in rc.items()}
         print(
             table(
@@ -302,11 +323,13 @@ def main() -> None:
                 rt,
                 "PING (1 round trip)",
                 "raw SET NX PX + DEL (floor)",
+                rcpu,
             )
         )
         print()
         pc = postgres_cases(purl)
-        ps = measure(pc, purl, args.rounds, max(args.calls // 2, 1))
+        pcpu: dict[str, list[float]] = {}
+        ps = measure(pc, purl, args.rounds, max(args.calls // 2, 1), pcpu)
         pt = {n: round_trips(m, purl, pport) for n, m in pc.items()}
         print(
             table(
@@ -315,8 +338,11 @@ def main() -> None:
                 pt,
                 "SELECT 1 (1 round trip)",
                 "pg_try_advisory_lock + unlock (floor)",
+                pcpu,
             )
         )
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        print(f"\nload average {load} at the end")
     if args.json:
         out = Path(args.json)
         out = out.with_name(f"{out.stem}.locks_servers{out.suffix}")

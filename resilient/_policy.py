@@ -17,6 +17,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     Final,
+    Literal,
     ParamSpec,
     TypedDict,
     TypeVar,
@@ -44,6 +45,7 @@ from resilient._core._policy_checks import (
     check_fallback,
     check_fallback_on,
     check_hook,
+    check_last_result,
     check_name,
     check_predicate,
     check_retry_on,
@@ -126,7 +128,15 @@ class Policy:
             policy's own *timeout* is retried whatever *retry_on* says (the
             timeout is the policy's decision, not the dependency's error).
         retry_if_result: A predicate over a returned value: retry while it
-            returns True. When attempts run out, the last value is returned.
+            returns True. A response-like result (one with an HTTP status)
+            to a request that may not be repeated (a ``POST`` without an
+            idempotency key, as `Transient.may_repeat` says) is not
+            retried.
+        last_result: What a call gives when retrying on a result stops (the
+            attempts or the budget ran out, or the request may not be
+            repeated): ``"return"`` (the default) returns the last result;
+            ``"raise"`` raises `resilient.exceptions.GaveUpOnResult`
+            carrying it.
         retry_after: Reads a server's wait hint (``Retry-After``) from an
             exception; when it returns seconds they replace the backoff delay
             for that retry, clamped to *max_retry_after*. None ignores hints.
@@ -184,6 +194,9 @@ class Policy:
     )
     retry_if_result: ResultPredicate | None = attrs.field(
         default=None, validator=check_predicate
+    )
+    last_result: Literal["return", "raise"] = attrs.field(
+        default="return", validator=check_last_result
     )
     retry_after: RetryAfter | None = attrs.field(
         default=default_retry_after, validator=check_predicate
@@ -395,6 +408,7 @@ class PolicyChanges(TypedDict, total=False):
     timeout: float | dt.timedelta | None
     retry_on: RetryOn
     retry_if_result: ResultPredicate | None
+    last_result: Literal["return", "raise"]
     retry_after: RetryAfter | None
     max_retry_after: float | dt.timedelta
     before_sleep: Hook | AsyncHook | None
@@ -469,8 +483,10 @@ def retry(policy: Policy, /) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]:
     Streams guide).
 
     Gives up by re-raising the last exception itself, with a note of the
-    attempts, elapsed time and policy name; when attempts run out on a
-    result the policy retries on, returns that last result.
+    attempts, elapsed time and policy name; when retrying on a result
+    stops, returns that last result (or raises
+    `resilient.exceptions.GaveUpOnResult` when the policy's *last_result*
+    is ``"raise"``).
 
     Args:
         policy: What to retry, how often, how long to wait.

@@ -31,6 +31,7 @@ __all__ = [
     "ConfigError",
     "ConfigTypeError",
     "DeadlineExceeded",
+    "GaveUpOnResult",
     "LockBackendError",
     "LockLost",
     "LockNotAcquired",
@@ -131,6 +132,60 @@ class ConfigTypeError(ConfigError, TypeError):
     """
 
 
+@final
+class GaveUpOnResult(ResilientError):
+    """
+    Retrying on a result stopped and the policy's *last_result* is
+    ``"raise"``: the last result the policy's *retry_if_result* rejected
+    (a 503 response), carried as an exception instead of returned.
+
+    Not retried by an enclosing policy (it carries no HTTP status of its
+    own); a policy's *fallback* takes over from it like from any other
+    final exception.
+
+    Attributes:
+        result: The last result; unpickled in another process, its repr
+            when the result itself does not pickle.
+        attempts: How many attempts were made.
+        reason: Why retrying stopped (a ``GiveUpReason``:
+            ``"attempts"``, ``"budget"``, ``"not_retryable"`` for a
+            response to a request that may not be repeated, ...).
+        policy: The policy's name.
+
+    .. versionadded:: 26.12.0
+    """
+
+    def __init__(
+        self, result: object, attempts: int, reason: str, policy: str
+    ) -> None:
+        self.result = result
+        self.attempts = attempts
+        self.reason = reason
+        self.policy = policy
+        super().__init__(
+            f"gave up on {policy!r} after {attempts} "
+            f"attempt{'s' if attempts != 1 else ''} "
+            f"({reason.replace('_', ' ')}); last result: {_short(result)}"
+        )
+
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        try:
+            pickle.dumps(self.result)
+        except Exception:  # noqa: BLE001 - any failure to pickle
+            state["result"] = repr(self.result)
+        return state
+
+
+def _short(value: object, limit: int = 200) -> str:
+    """A repr for a message, cut to *limit* characters."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__ must not hide the error
+        text = f"<{type(value).__qualname__} object>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class DeadlineExceeded(ResilientError, TimeoutError):
     """
     A deadline or timeout passed before the work finished.
@@ -212,17 +267,68 @@ class CircuitOpen(Rejected):
             when it was forced open (until someone resets it).
         state: The breaker's state: ``"open"``, ``"half_open"`` (all probe
             slots taken) or ``"forced_open"``.
+        opened_by: The exception of the call that opened the breaker, as a
+            copy without its traceback (so that an open breaker keeps no
+            frames alive); None when no exception opened it (slow calls, a
+            stuck probe, `CircuitBreaker.force_open`), and in a pickle when
+            it does not survive pickling. Copies of the rejection share
+            it.
+
+    .. versionchanged:: 26.12.0
+       *opened_by*.
     """
 
+    # The attributes live in ``args``: a breaker makes its rejections with
+    # ``CircuitOpen.__new__`` alone (``BaseException.__new__`` sets
+    # ``args``), so that a rejection, a hot path mostly caught unseen,
+    # costs what any exception costs. The message is built in __str__.
     def __init__(
-        self, name: str, retry_after: float, state: str = "open"
+        self,
+        name: str,
+        retry_after: float,
+        state: str = "open",
+        opened_by: BaseException | None = None,
     ) -> None:
-        # The message is built in __str__: a rejection is a hot path, and
-        # most are caught without ever being shown.
-        super().__init__(name, retry_after, state)
-        self.name = name
-        self.retry_after = retry_after
-        self.state = state
+        self.args = (name, retry_after, state, opened_by)
+
+    @property
+    def name(self) -> str:
+        """The breaker's name."""
+        return self.args[0]  # type: ignore[no-any-return]
+
+    @property
+    def retry_after(self) -> float:  # type: ignore[override]
+        """Seconds until the breaker admits a probe."""
+        return self.args[1]  # type: ignore[no-any-return]
+
+    @property
+    def state(self) -> str:
+        """The breaker's state when it rejected the call."""
+        args = self.args
+        return args[2] if len(args) > 2 else "open"
+
+    @property
+    def opened_by(self) -> BaseException | None:
+        """The exception that opened the breaker, without its traceback."""
+        args = self.args
+        return args[3] if len(args) > 3 else None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args = self.args
+        if len(args) > 3 and args[3] is not None:
+            try:
+                pickle.loads(pickle.dumps(args[3]))  # noqa: S301
+            except Exception:  # noqa: BLE001 - any failure to round-trip
+                args = (*args[:3], None)
+        return (_rebuild, (type(self), args, self._state()))
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Self:
+        # The failure is a record, shared by copies: many exceptions do not
+        # copy (keyword-only arguments), and nothing should change it.
+        new = _rebuild(type(self), self.args, {})
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
 
     def __str__(self) -> str:
         when = (

@@ -10,11 +10,11 @@ may change between releases faster than the rest of the API.
 
 from __future__ import annotations
 
-from resilient._core._decisions import GiveUp, GiveUpReason, Retry
+from resilient._core._decisions import DelaySource, GiveUp, GiveUpReason, Retry
 from resilient._retry._machine import RetryMachine
 
 
-__all__ = ["GiveUp", "GiveUpReason", "Retry", "RetryMachine"]
+__all__ = ["DelaySource", "GiveUp", "GiveUpReason", "Retry", "RetryMachine"]
 
 for _obj in (GiveUp, Retry, RetryMachine):
     _obj.__module__ = __name__

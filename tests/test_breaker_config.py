@@ -146,7 +146,7 @@ class TestConfig:
         assert c.max_open_interval == 300.0
         assert c.half_open_probes == 3
         assert c.probe_timeout == 10.0
-        assert c.failure_on == (Exception,)
+        assert c.failure_on == resilient.DependencyFailure()
         assert c.ignore_on == ()
 
     def test_five_failures_in_a_minute_open_for_thirty_seconds(

@@ -129,3 +129,40 @@ def test_probe_started_on_a_higher_clock_still_times_out(clock: Any) -> None:
             cb.acquire()
         assert cb.state is BreakerState.OPEN
     stuck.ignore()
+
+
+@pytest.mark.parametrize(
+    "times",
+    [
+        [0.5, 0.6, 1.5, 1.6, 1.7, 30.0, 61.0],
+        [5.0, 4.99, 5.0, 3.0, 200.0, 10.0, 10.5],
+        [1e3 + i / 7 for i in range(400)],
+    ],
+    ids=["forward", "late-and-swapped", "many"],
+)
+@pytest.mark.parametrize("kind", ["count", "time"])
+def test_take_matches_adding_one_by_one(times: list[float], kind: str) -> None:
+    """Taking an inbox of successes in bulk leaves a window exactly as
+    adding them one at a time does."""
+    import collections
+
+    def make() -> CountRing | TimeRing:
+        return CountRing(50) if kind == "count" else TimeRing(60.0)
+
+    one, bulk = make(), make()
+    one.add(1, times[0])
+    bulk.add(1, times[0])
+    for t in times:
+        one.add(0, t)
+    inbox = collections.deque(times)
+    bulk.take(inbox)
+    assert not inbox
+    assert (bulk.calls, bulk.failures, bulk.slow) == (
+        one.calls,
+        one.failures,
+        one.slow,
+    )
+    later = times[-1] + 30.0
+    one.expire(later)
+    bulk.expire(later)
+    assert (bulk.calls, bulk.failures) == (one.calls, one.failures)

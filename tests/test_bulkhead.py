@@ -1445,3 +1445,32 @@ def test_a_million_names_through_every_form() -> None:
     )
     assert len(BULKHEADS) <= BULKHEADS.limit + 1
     assert grown < 50 * 2**20
+
+
+def test_a_permit_released_while_collected_is_counted_once() -> None:
+    """A held permit in a reference cycle whose collection releases it
+    (a block-form loop left before its attempt was entered) frees its slot
+    once: the collector clears the weak reference the bulkhead holds
+    before the release runs, and the sweep must not count it again (it
+    did: in_use -1)."""
+    bulkhead = resilient.bulkhead(
+        f"collected-{os.getpid()}-{random.random()}", max_concurrent=1
+    )
+
+    class Holder:
+        def __init__(self) -> None:
+            self.permit = bulkhead.acquire()
+            self.me = self
+
+        def __del__(self) -> None:
+            self.permit.release()
+
+    gc.disable()
+    try:
+        Holder()
+        gc.collect()
+    finally:
+        gc.enable()
+    bulkhead.acquire().release()  # sweeps the bulkhead's dead holders
+    stats = bulkhead.statistics()
+    assert (stats.in_use, stats.acquired, stats.released) == (0, 2, 2)

@@ -525,6 +525,40 @@ class TestMachine:
             Policy(**settings), clock, random.Random(0), start=clock.now()
         )
 
+    def test_decide_error_is_on_error_without_records(
+        self, clock: Any
+    ) -> None:
+        """decide_error gives on_error's delays and reasons, draw for draw,
+        with the same state changes; a verdict passed in stands for
+        retry_on (which is then not asked)."""
+        asked: list[BaseException] = []
+
+        def retry_on(exc: BaseException) -> bool:
+            asked.append(exc)
+            return isinstance(exc, ConnectionError)
+
+        policy = Policy(attempts=3, budget=None, retry_on=retry_on)
+        full = RetryMachine(policy, clock, random.Random(7), start=0.0)
+        lean = RetryMachine(policy, clock, random.Random(7), start=0.0)
+        for _ in range(3):
+            step = full.on_error(ConnectionError())
+            decision = lean.decide_error(ConnectionError())
+            if isinstance(step, Retry):
+                assert decision == step.delay
+            else:
+                assert decision == step.reason == "attempts"
+            assert (lean.attempt, lean.wake) == (full.attempt, full.wake)
+        assert len(asked) == 6
+        fresh = RetryMachine(policy, clock, random.Random(7), start=0.0)
+        assert fresh.decide_error(ConnectionError(), transient=False) == (
+            "not_retryable"
+        )
+        assert isinstance(
+            fresh.decide_error(ValueError(), transient=True), float
+        )
+        assert fresh.decide_error(KeyboardInterrupt()) == "not_retryable"
+        assert len(asked) == 6
+
     def test_attempts_run_out(self, clock: Any) -> None:
         """Three attempts: two retries, then give up with "attempts"."""
         m = self.machine(clock, attempts=3)
@@ -574,11 +608,15 @@ class TestMachine:
         late = m.after_hook(step)
         assert isinstance(late, GiveUp)
         assert late.reason == "budget"
+        # The retry never started: one attempt was made, not two.
+        assert late.event.attempt == m.attempt == 1
 
     def test_rejections_are_bounded(self, clock: Any) -> None:
         """Rejections are outwaited but at most `attempts` of them."""
         m = self.machine(clock, attempts=2, budget=None)
-        assert isinstance(m.on_error(CircuitOpen("x", 1.0)), Retry)
+        first = m.on_error(CircuitOpen("x", 1.0))
+        assert isinstance(first, Retry)
+        assert first.event.delay_source == "admission"
         assert isinstance(m.on_error(CircuitOpen("x", 1.0)), Retry)
         assert m.on_error(CircuitOpen("x", 1.0)).reason == "attempts"  # type: ignore[union-attr]
         assert m.attempt == 1  # none of them was an attempt
@@ -595,6 +633,7 @@ class TestMachine:
         step = m.on_error(ConnectionError())
         assert isinstance(step, Retry)
         assert 11.0 <= step.delay <= 21.0
+        assert step.event.delay_source == "admission"
 
 
 class TestLayout:

@@ -27,8 +27,7 @@ from resilient._backends import (
     Renewal,
 )
 from resilient._backends import _memory as memory
-from resilient._lock import _lock as shell
-from resilient._lock import _renewer
+from resilient._lock import _lease, _renewer
 from resilient.testing import FakeClock
 from tests.conftest import Driver, Telemetry
 
@@ -81,7 +80,7 @@ def no_leftovers(url: str) -> None:
             url
         ):
             assert len(renewer.renewals) == 0
-    assert not [k for k in shell._HOLDERS if k[0] == url]
+    assert not [k for k in _lease.HOLDERS if k[0] == url]
 
 
 class TestEnterAndLeave:
@@ -420,8 +419,9 @@ class TestRenewal:
     def test_one_renewer_renews_many_leases_in_one_call(
         self, url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """Fifty held leases of one backend are renewed by one worker, in
-        one batched call per round, not a thread per lock."""
+        """Fifty held leases of one backend are renewed by one worker (and
+        its watchdog), in one batched call per round, not a thread per
+        lock."""
         store = memory.store(url)
         calls: list[int] = []
         real = store.renew
@@ -436,7 +436,7 @@ class TestRenewal:
             resilient.lock(f"job-{i}", backend=url, ttl=3.0).acquire()
             for i in range(50)
         ]
-        assert threading.active_count() <= before + 1
+        assert threading.active_count() <= before + 2
         settle(clock, 1.2, steps=2)
         assert calls
         assert max(calls) == 50
@@ -502,6 +502,84 @@ class TestLoss:
                 settle(clock, 3.0, steps=10)
                 assert not lease.held
                 assert lease.valid_for() == 0.0
+        assert info.value.reason == "expired"
+
+    def test_the_block_scope_carries_lock_lost_as_its_reason(
+        self, url: str, clock: FakeClock
+    ) -> None:
+        """The loss cancels the block's scope with `LockLost` as its reason:
+        `resilient.checkpoint()` in the block raises `LockLost` itself (not
+        a bare scope cancellation), naming the lock."""
+        raised: list[BaseException] = []
+        with pytest.raises(resilient.LockLost) as info:  # noqa: SIM117
+            with resilient.lock("job", backend=url, ttl=3.0):
+                memory.store(url).delete(LockKey.of("job"))
+                settle(clock, 1.5, steps=6)
+                try:
+                    resilient.checkpoint()
+                except BaseException as exc:
+                    raised.append(exc)
+                    raise
+        assert [type(e) for e in raised] == [resilient.LockLost]
+        assert raised[0] is info.value
+        assert info.value.reason == "gone"
+        assert info.value.name == "job"
+
+    def test_a_renewal_call_that_hangs_is_lost_on_time(
+        self, url: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A renewal call that never returns does not hold the loss back:
+        the renewer's watchdog marks the lease lost when its validity runs
+        out on our clock, while the call still hangs, and the block's scope
+        is cancelled with `LockLost` (`resilient.checkpoint()` raises it)."""
+        store = memory.store(url)
+        calling, unblock = threading.Event(), threading.Event()
+
+        def hang(batch: Sequence[Renewal]) -> list[bool]:
+            calling.set()
+            unblock.wait(10.0)
+            return [True] * len(batch)
+
+        try:
+            with pytest.raises(resilient.LockLost) as info:  # noqa: SIM117
+                with resilient.lock("job", backend=url, ttl=3.0):
+                    monkeypatch.setattr(store, "renew", hang)
+                    settle(clock, 3.0, steps=10)
+                    assert calling.is_set()
+                    end = time.monotonic() + 5.0  # The watchdog's turn.
+                    while time.monotonic() < end:
+                        resilient.checkpoint()
+                        time.sleep(0.005)
+                    pytest.fail("the hanging renewal kept the block running")
+        finally:
+            unblock.set()
+        assert info.value.reason == "expired"
+
+    async def test_an_async_renewal_call_that_hangs_is_lost_on_time(
+        self,
+        anyio_backend: str,
+        url: str,
+        clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """The same in async code: the renewer task stops waiting for a
+        hanging renewal at the lease's validity, and the block is
+        cancelled with `LockLost`."""
+        reached = []
+
+        async def hang(
+            self: memory.AsyncMemoryStore, batch: Sequence[Renewal]
+        ) -> list[bool]:
+            await anyio.Event().wait()
+            raise AssertionError  # pragma: no cover - never set
+
+        with pytest.raises(resilient.LockLost) as info:
+            async with resilient.lock("job", backend=url, ttl=3.0):
+                monkeypatch.setattr(memory.AsyncMemoryStore, "renew", hang)
+                await asettle(clock, 3.0, steps=10)
+                await anyio.sleep(30)
+                reached.append(True)
+        assert reached == []
         assert info.value.reason == "expired"
 
     def test_a_pause_past_validity_is_lost_even_without_the_renewer(

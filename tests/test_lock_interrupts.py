@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 import resilient
 from resilient._backends import _memory as memory
 from resilient._core import _clock
+from resilient._lock import _lease, _renewer
 from resilient._lock import _lock as shell
-from resilient._lock import _renewer
 
 
 OURS = ("resilient/_lock/", "resilient/_backends/")
@@ -68,6 +68,11 @@ class Interrupt:
                 for d in OURS
                 for f in (
                     "_lock.py",
+                    "_lease.py",
+                    "_attempt.py",
+                    "_sync.py",
+                    "_async.py",
+                    "_hold.py",
                     "_machine.py",
                     "_renewer.py",
                     "_memory.py",
@@ -109,9 +114,9 @@ def leftovers(url: str) -> list[str]:
     for renewer in list(_renewer._ALL):
         if renewer.backend is memory.store(url) and len(renewer.renewals):
             found.append("a lease the renewer still renews")  # noqa: PERF401
-    if [k for k in shell._HOLDERS if k[0] == url]:
+    if [k for k in _lease.HOLDERS if k[0] == url]:
         found.append("a recorded holder")
-    if shell._ENTERED.get():
+    if shell.ENTERED.get():
         found.append("an entered block")
     if _clock._SCOPE.get() is not None:
         found.append("a cancel scope left entered")
@@ -254,7 +259,7 @@ def test_an_interrupt_while_waiting_leaks_nothing() -> None:
     n = 1
     while run_interrupted(n, body):
         assert memory.store(url).rows() == 1  # Only the other holder's.
-        assert not [k for k in shell._HOLDERS if k[0] == url]
+        assert not [k for k in _lease.HOLDERS if k[0] == url]
         n += 1
     memory.store(url).release(key, owner)
     assert leftovers(url) == []

@@ -386,6 +386,41 @@ class TestHints:
         driver.call(resilient.retry(policy), body)
         assert clock.sleeps == [0.1]
 
+    def test_event_says_where_the_delay_came_from(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """before_sleep's event says whether the delay was the backoff, a
+        server hint, or a hint cut to max_retry_after."""
+
+        class Hinted(ConnectionError):
+            def __init__(self, seconds: float | None) -> None:
+                super().__init__()
+                self.retry_after = seconds
+
+        hints = iter([None, 2.0, 120.0])
+        events: list[resilient.RetryEvent] = []
+
+        def body() -> str:
+            seconds = next(hints, "done")
+            if seconds == "done":
+                return "ok"
+            raise Hinted(seconds)  # type: ignore[arg-type]
+
+        policy = Policy(
+            attempts=4,
+            budget=None,
+            backoff=Constant(seconds=0.5),
+            max_retry_after=7,
+            before_sleep=events.append,
+            on_give_up=events.append,
+        )
+        assert driver.call(resilient.retry(policy), body) == "ok"
+        assert [(e.delay, e.delay_source) for e in events] == [
+            (0.5, "backoff"),
+            (2.0, "hint"),
+            (7.0, "hint_capped"),
+        ]
+
 
 class TestHooks:
     def test_hooks_see_events(self, driver: Driver, clock: Any) -> None:
@@ -836,3 +871,88 @@ class TestCallThrough:
 
         with pytest.raises(resilient.ConfigTypeError, match="async"):
             Policy(before_sleep=hook).call(lambda: None)
+
+
+class TestNextWait:
+    @staticmethod
+    def _loop(
+        driver: Driver,
+        policy: Policy,
+        outcomes: list[Any],
+        seen: list[tuple[float | None, float | None]],
+    ) -> None:
+        """
+        Run the block form over *outcomes* (an exception to raise or a
+        value to set), adding to *seen* each attempt's next_wait inside its
+        block and after it. The last attempt's error propagates.
+        """
+        it = iter(outcomes)
+
+        def body(attempt: resilient.Attempt) -> None:
+            seen.append((attempt.next_wait, None))
+            outcome = next(it)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            attempt.set_result(outcome)
+
+        def after(attempt: resilient.Attempt) -> None:
+            seen[-1] = (seen[-1][0], attempt.next_wait)
+
+        if not driver.is_async:
+            for attempt in resilient.retrying(policy):
+                try:
+                    with attempt:
+                        body(attempt)
+                finally:
+                    after(attempt)
+            return
+
+        async def main() -> None:
+            async for attempt in resilient.retrying(policy):
+                try:
+                    async with attempt:
+                        await anyio.lowlevel.checkpoint()
+                        body(attempt)
+                finally:
+                    after(attempt)
+
+        anyio.run(main, backend=driver.kind)
+
+    def test_next_wait_after_each_failure(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """After a retried failure the attempt holds the planned wait (the
+        backoff's, or a server hint's); None inside the block and on the
+        attempt that gives up."""
+
+        class Throttled(ConnectionError):
+            retry_after = 5.0
+
+        policy = Policy(attempts=3, backoff=Constant(seconds=2), budget=None)
+        seen: list[tuple[float | None, float | None]] = []
+        with pytest.raises(ConnectionError):
+            self._loop(
+                driver,
+                policy,
+                [ConnectionError(), Throttled(), ConnectionError()],
+                seen,
+            )
+        assert seen == [(None, 2.0), (None, 5.0), (None, None)]
+        assert clock.sleeps == [2.0, 5.0]
+
+    def test_next_wait_on_success_and_results(
+        self, driver: Driver, clock: Any
+    ) -> None:
+        """A retried result gets a next_wait too; an attempt that succeeds,
+        or that gives up on a result, keeps None (no attempt follows)."""
+        policy = Policy(
+            attempts=2,
+            backoff=Constant(seconds=1),
+            retry_if_result=lambda r: r is None,
+        )
+        seen: list[tuple[float | None, float | None]] = []
+        self._loop(driver, policy, [None, None], seen)
+        assert seen == [(None, 1.0), (None, None)]
+        seen.clear()
+        self._loop(driver, policy, [ConnectionError(), "ok"], seen)
+        assert seen == [(None, 1.0), (None, None)]

@@ -136,9 +136,19 @@ def async_backend(url: str, loop: object) -> AsyncLockBackend:
         return backend
 
 
+_forgotten = 0
+
+
+def forgotten() -> int:
+    """How often the backends were dropped: holders that cache one compare."""
+    return _forgotten
+
+
 def forget_backends() -> list[LockBackend | AsyncLockBackend]:
     """Drop every cached backend (tests); returns them for closing."""
+    global _forgotten  # noqa: PLW0603
     with _LOCK:
+        _forgotten += 1
         gone: list[LockBackend | AsyncLockBackend] = [
             *BACKENDS.items(),
             *_ASYNC.values(),

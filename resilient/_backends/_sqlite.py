@@ -93,6 +93,16 @@ SWEEP_EVERY: Final = 256
 #: How many unlocked lock-file descriptors a store keeps open for reuse.
 FD_CACHE: int = 64
 
+#: The page size of a new database: a grant or a release writes one page
+#: to the WAL, and a small page costs less to checksum and write.
+PAGE_SIZE: Final = 1024
+
+#: Bytes of the database file read through ``mmap`` instead of ``read``.
+MMAP_SIZE: Final = 1 << 23
+
+# This process's id, kept by an at-fork hook (a hold does not ask the OS).
+_PID = os.getpid()
+
 _SCHEMA: Final = (
     """CREATE TABLE IF NOT EXISTS leases (
         name TEXT PRIMARY KEY,
@@ -210,6 +220,7 @@ class SqliteBackend:
     def __init__(self, path: Path, *, durable: bool = False) -> None:
         self.path = path
         self.dir = Path(f"{path}.locks")
+        self._files = f"{self.dir}/"
         self.durable = durable
         self.boot = boot_id()
         self._lock = threading.Lock()
@@ -231,7 +242,7 @@ class SqliteBackend:
     def _connection(self) -> sqlite3.Connection:
         """The connection, made (again after a fork) on first use."""
         conn = self._conn
-        if conn is not None and self._pid == os.getpid():
+        if conn is not None and self._pid == _PID:
             return conn
         self._after_fork()
         self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -243,7 +254,10 @@ class SqliteBackend:
             isolation_level=None,
             check_same_thread=False,
         )
+        # Only a new, empty file takes the page size (before WAL mode).
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
         conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA mmap_size={MMAP_SIZE}")
         conn.execute(
             f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}"
         )
@@ -278,7 +292,7 @@ class SqliteBackend:
     # -- the flocks ------------------------------------------------------
 
     def _file(self, key: LockKey) -> str:
-        return f"{self.dir}/{key.hex}.lock"
+        return f"{self._files}{key.hex}.lock"
 
     def _open_locked(
         self, path: str, *, block: bool
@@ -392,14 +406,18 @@ class SqliteBackend:
         fcntl.flock(flock[0], fcntl.LOCK_UN)
         self._cache(key.digest, *flock)
 
-    def _drop_flock(self, owner: OwnerToken) -> None:
+    def _drop_flock(self, secret: bytes) -> None:
         """After a release: unlock the file and keep its descriptor."""
         with self._lock:
-            held = self._flocks.pop(owner.secret, None)
-        if held is None:
-            return
-        fd, ino, digest = held
-        fcntl.flock(fd, fcntl.LOCK_UN)
+            held = self._flocks.pop(secret, None)
+            if held is None:
+                return
+            fd, ino, digest = held
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            fds = self._fds
+            if digest not in fds and len(fds) < FD_CACHE:
+                fds[digest] = (fd, ino)  # Room in the cache: no eviction.
+                return
         self._cache(digest, fd, ino)
 
     def _clear_cache(self) -> None:
@@ -490,15 +508,17 @@ class SqliteBackend:
 
     def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         """See `LockBackend.release`."""
-        conn = self._connection()
+        conn = self._conn
+        if conn is None or self._pid != _PID:
+            conn = self._connection()
+        secret = owner.secret
         try:
             with self._lock:
                 count = conn.execute(
-                    _RELEASE,
-                    (key.hex, owner.secret, time.monotonic_ns(), self.boot),
+                    _RELEASE, (key.hex, secret, time.monotonic_ns(), self.boot)
                 ).rowcount
         finally:
-            self._drop_flock(owner)
+            self._drop_flock(secret)
         return ReleaseResult.RELEASED if count == 1 else ReleaseResult.NOT_HELD
 
     def watch(
@@ -656,3 +676,13 @@ def sync_backend(url: str) -> SqliteBackend:
 def async_backend(url: str) -> AsyncSqliteBackend:
     """The async store of *url*: the sync one, called from worker threads."""
     return AsyncSqliteBackend(_store(url))
+
+
+def _forked() -> None:
+    """In a forked child: the stores see the new process id."""
+    global _PID  # noqa: PLW0603 - one per process
+    _PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_forked)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -40,27 +41,31 @@ from typing import (
 
 from resilient._breaker._blocks import (
     ExitSlot,
+    aenter_block,
     aexit_block,
+    enter_block,
     exit_block,
-    push_entered,
-    take_cell,
 )
+from resilient._breaker._calls import INBOX_LIMIT, async_wrapper, sync_wrapper
 from resilient._breaker._machine import (
     _CLOSED,
+    _OPEN,
     FAILURE,
     IGNORE,
     SUCCESS,
+    UNCOUNTED,
     BreakerPermit,
     BreakerState,
     BreakerStatistics,
     BreakerTransition,
-    Reject,
     _BreakerMachine,
 )
+from resilient._breaker._now import DEFAULT, now
 from resilient._breaker._report import report_rejection, report_transition
 from resilient._core import _clock
 from resilient._core._config_breaker import BreakerConfig, Outcome
 from resilient._core._decorate import decorate, is_async_callable
+from resilient._core._telemetry import disabled
 from resilient._core._validate import check_name
 from resilient.exceptions import CircuitOpen, ConfigTypeError, DeadlineExceeded
 
@@ -74,14 +79,13 @@ T = TypeVar("T")
 
 log: Final = logging.getLogger("resilient")
 
+_new_open: Final = CircuitOpen.__new__
+
 Listener: TypeAlias = "Callable[[BreakerTransition], object]"
 """A state-change listener: sync, or a coroutine function."""
 
 Ticket: TypeAlias = "tuple[int, float] | BreakerPermit"
 """What settling a call needs: a closed call's (epoch, start), or a permit."""
-
-_INBOX_LIMIT: Final = 256
-"""Successes an inbox holds before the one who fills it empties it."""
 
 
 def _check_config(config: object, where: str = "breaker(config)") -> None:
@@ -145,11 +149,14 @@ class CircuitBreaker:
     def retry_after(self) -> float:
         """
         Seconds until a call would be admitted: 0 when one would be now,
-        `math.inf` when forced open.
+        `math.inf` when forced open; always 0 for a metrics-only breaker
+        (its `statistics` say what it would have made callers wait).
         """
-        now = _clock.get_clock().now()
+        if self.config.metrics_only:
+            return 0.0
+        t = now()
         with self._lock:
-            return self._m.retry_after(now)
+            return self._m.retry_after(t)
 
     def statistics(self) -> BreakerStatistics:
         """An immutable snapshot of the window, state and counters."""
@@ -228,7 +235,7 @@ class CircuitBreaker:
         gate = m.gate
         if gate is None:
             return None
-        return gate[0], _clock._clock.now() if m.timed else 0.0  # noqa: SLF001
+        return gate[0], now() if m.timed else 0.0
 
     _closed_ticket = fast_admit
 
@@ -240,47 +247,106 @@ class CircuitBreaker:
             CircuitOpen: The breaker rejects the call; its ``retry_after``
                 says when a probe will be admitted.
         """
-        ticket = self.fast_admit()
-        if ticket is not None:
-            return BreakerPermit(self, ticket[0], ticket[1], 0)
-        got, events = self._admit()
+        m = self._m
+        gate = m.gate
+        if gate is not None:
+            return BreakerPermit(self, gate[0], now() if m.timed else 0.0, 0)
+        t = now()
+        if (
+            m.state is _OPEN
+            and m.enforcing
+            and self._pinned  # Else heal the pin on the slow path.
+            and m.opened_at <= t < m.open_until
+        ):
+            raise self._rejection(m, t)
+        got, events = self._admission()
         if events:
             self._notify(events)
-        if type(got) is Reject:
-            raise self._rejected(got)
-        return got
+            if type(got) is CircuitOpen:  # A rejection that changed state.
+                raise got
+        return got  # type: ignore[return-value]
 
     async def aacquire(self) -> BreakerPermit:
         """`acquire` from async code: async listeners are awaited."""
-        ticket = self.fast_admit()
-        if ticket is not None:
-            return BreakerPermit(self, ticket[0], ticket[1], 0)
-        got, events = self._admit()
+        m = self._m
+        gate = m.gate
+        if gate is not None:
+            return BreakerPermit(self, gate[0], now() if m.timed else 0.0, 0)
+        t = now()
+        if (
+            m.state is _OPEN
+            and m.enforcing
+            and self._pinned  # Else heal the pin on the slow path.
+            and m.opened_at <= t < m.open_until
+        ):
+            raise self._rejection(m, t)
+        got, events = self._admission()
         if events:
             await self._anotify(events)
-        if type(got) is Reject:
-            raise self._rejected(got)
-        return got
+            if type(got) is CircuitOpen:  # A rejection that changed state.
+                raise got
+        return got  # type: ignore[return-value]
 
     admit = acquire
     aadmit = aacquire
 
-    def _admit(
+    def _admission(
         self,
-    ) -> tuple[BreakerPermit | Reject, list[BreakerTransition] | None]:
-        """The machine's answer, and the state changes to report."""
-        now = _clock.get_clock().now()
+    ) -> tuple[BreakerPermit | CircuitOpen, list[BreakerTransition] | None]:
+        """
+        The machine's answer under the lock (the breaker is not closed, or
+        was not a moment ago), and the state changes to report: a permit,
+        or the rejection to raise once they are reported (a rejection that
+        changed nothing is raised here). A metrics-only breaker reports the
+        rejection and hands out an uncounted permit instead.
+
+        Raised from here, the rejection is never in a local variable of a
+        frame its traceback holds: no reference cycle, so no work for the
+        garbage collector per rejection.
+        """
+        c = _clock._clock  # noqa: SLF001
+        t = time.monotonic() if c is DEFAULT else c.now()
         with self._lock:
             m = self._m
-            got = m.admit(now, self)
+            got = m.admit_or_wait(t, self)
+            if type(got) is not BreakerPermit:
+                state = m.state
+                opened_by = m.opened_by
             events = self._drain() if m.outbox else None
         if not self._pinned and events is None:
             self._sync_pin()  # Heal a pin an exception interrupted.
-        return got, events
+        if type(got) is BreakerPermit:
+            return got, events
+        metrics_only = self.config.metrics_only
+        if not disabled():
+            report_rejection(self.name, got, state, metrics_only=metrics_only)
+        if metrics_only:
+            return BreakerPermit(self, UNCOUNTED, t, 0), events
+        # Made by __new__ alone, which sets ``args`` (see `CircuitOpen`).
+        if events is None:
+            raise _new_open(
+                CircuitOpen, self.name, got, state.value, opened_by
+            )
+        return _new_open(
+            CircuitOpen, self.name, got, state.value, opened_by
+        ), events
 
-    def _rejected(self, reject: Reject) -> CircuitOpen:
-        report_rejection(self.name, reject)
-        return CircuitOpen(self.name, reject.retry_after, reject.state.value)
+    def _rejection(self, m: _BreakerMachine, t: float) -> CircuitOpen:
+        """
+        The rejection of a call at *t* while *m* is open within its
+        interval (`_BreakerMachine.admit_or_wait`'s first rule, written out
+        for the hot path), counted and reported; for the caller to raise.
+
+        Decided without the lock: the state, opening and interval are read
+        once each, and a read that races a state change rejects as if the
+        call had come a moment earlier. The count is one increment with no
+        call inside, which CPython (with its GIL) never interrupts.
+        """
+        m.rejected += 1
+        wait = m.open_until - t
+        if not disabled():
+            report_rejection(self.name, wait, _OPEN)
+        return _new_open(CircuitOpen, self.name, wait, "open", m.opened_by)
 
     # Settling: every outcome enters the machine through `_record`.
 
@@ -291,6 +357,8 @@ class CircuitBreaker:
         probe: int,
         outcome: int,
         permit: BreakerPermit | None,
+        *,
+        exc: BaseException | None = None,
     ) -> list[BreakerTransition] | None:
         """
         Count one call's outcome; the state changes to report, if any.
@@ -300,7 +368,8 @@ class CircuitBreaker:
         `_BreakerMachine.absorb`), an ignored closed call changes nothing;
         everything else is counted under the lock.
         """
-        now = _clock._clock.now()  # noqa: SLF001
+        c = _clock._clock  # noqa: SLF001
+        t = time.monotonic() if c is DEFAULT else c.now()
         if not probe and outcome != FAILURE:
             if permit is not None:
                 if permit._done:  # noqa: SLF001
@@ -311,14 +380,18 @@ class CircuitBreaker:
                 return None
             m = self._m
             gate = m.gate
-            if gate is not None and gate[0] == epoch and now - start < m.slow:
+            if gate is not None and gate[0] == epoch and t - start < m.slow:
                 inbox = gate[1]
-                inbox.append(now)
-                if len(inbox) >= _INBOX_LIMIT:
-                    with self._lock:
-                        m.absorb()
+                inbox.append(t)
+                if len(inbox) >= INBOX_LIMIT:
+                    self._absorb()
                 return None
-        return self._count(epoch, start, probe, outcome, permit, now=now)
+        return self._count(epoch, start, probe, outcome, permit, t=t, exc=exc)
+
+    def _absorb(self) -> None:
+        """Empty a full inbox into the window."""
+        with self._lock:
+            self._m.absorb()
 
     def _count(
         self,
@@ -328,7 +401,8 @@ class CircuitBreaker:
         outcome: int,
         permit: BreakerPermit | None,
         *,
-        now: float,
+        t: float,
+        exc: BaseException | None,
     ) -> list[BreakerTransition] | None:
         """`_record` under the lock: the machine counts the outcome."""
         with self._lock:
@@ -337,51 +411,115 @@ class CircuitBreaker:
                     return None
                 permit._done = True  # noqa: SLF001
             m = self._m
-            m.settle(epoch, probe, outcome, now - start, now)
+            m.settle(epoch, probe, outcome, t - start, t, exc=exc)
             return self._drain() if m.outbox else None
 
-    def settle(self, ticket: Ticket, outcome: Outcome) -> None:
+    def settle(
+        self,
+        ticket: Ticket,
+        outcome: Outcome,
+        exc: BaseException | None = None,
+    ) -> None:
         """
-        Count a call admitted by `fast_admit` or `admit` (a second
-        settlement of a permit is a no-op). For pipeline stages.
+        Count a call admitted by `fast_admit` or `admit` that raised *exc*
+        (or nothing); a second settlement of a permit is a no-op. For
+        pipeline stages.
         """
         if type(ticket) is tuple:
-            self._settle_closed(ticket[0], ticket[1], outcome)
+            self._settle_closed(ticket[0], ticket[1], outcome, exc)
         else:
-            self._settle(ticket, outcome)  # type: ignore[arg-type]
+            self._settle(ticket, outcome, exc)  # type: ignore[arg-type]
 
-    async def asettle(self, ticket: Ticket, outcome: Outcome) -> None:
+    async def asettle(
+        self,
+        ticket: Ticket,
+        outcome: Outcome,
+        exc: BaseException | None = None,
+    ) -> None:
         """`settle` from async code: async listeners are awaited."""
         if type(ticket) is tuple:
-            await self._asettle_closed(ticket[0], ticket[1], outcome)
+            await self._asettle_closed(ticket[0], ticket[1], outcome, exc)
         else:
-            await self._asettle(ticket, outcome)  # type: ignore[arg-type]
+            await self._asettle(ticket, outcome, exc)  # type: ignore[arg-type]
 
-    def _settle_closed(self, epoch: int, start: float, outcome: int) -> None:
-        events = self._record(epoch, start, 0, outcome, None)
+    def _settle_closed(
+        self,
+        epoch: int,
+        start: float,
+        outcome: int,
+        exc: BaseException | None = None,
+    ) -> None:
+        events = self._record(epoch, start, 0, outcome, None, exc=exc)
         if events:
             self._notify(events)
 
     async def _asettle_closed(
-        self, epoch: int, start: float, outcome: int
+        self,
+        epoch: int,
+        start: float,
+        outcome: int,
+        exc: BaseException | None = None,
     ) -> None:
-        events = self._record(epoch, start, 0, outcome, None)
+        events = self._record(epoch, start, 0, outcome, None, exc=exc)
         if events:
             await self._anotify(events)
 
-    def _settle(self, permit: BreakerPermit, outcome: int) -> None:
+    def _settle(
+        self,
+        permit: BreakerPermit,
+        outcome: int,
+        exc: BaseException | None = None,
+    ) -> None:
         events = self._record(
-            permit.epoch, permit.start, permit.probe, outcome, permit
+            permit.epoch, permit.start, permit.probe, outcome, permit, exc=exc
         )
         if events:
             self._notify(events)
 
-    async def _asettle(self, permit: BreakerPermit, outcome: int) -> None:
+    async def _asettle(
+        self,
+        permit: BreakerPermit,
+        outcome: int,
+        exc: BaseException | None = None,
+    ) -> None:
         events = self._record(
-            permit.epoch, permit.start, permit.probe, outcome, permit
+            permit.epoch, permit.start, permit.probe, outcome, permit, exc=exc
         )
         if events:
             await self._anotify(events)
+
+    def _failed(
+        self,
+        epoch: int,
+        start: float,
+        probe: int,
+        permit: BreakerPermit | None,
+        exc: BaseException,
+    ) -> None:
+        """A guarded call raised *exc*: count it as the configuration says."""
+        events = self._record(
+            epoch, start, probe, self.config.outcome(exc), permit, exc=exc
+        )
+        if events:
+            self._notify(events)
+
+    async def _afailed(
+        self,
+        epoch: int,
+        start: float,
+        probe: int,
+        permit: BreakerPermit | None,
+        exc: BaseException,
+    ) -> None:
+        """`_failed` from async code; while cancelled, nothing is awaited."""
+        events = self._record(
+            epoch, start, probe, self.config.outcome(exc), permit, exc=exc
+        )
+        if events:
+            if isinstance(exc, Exception):
+                await self._anotify(events)
+            else:  # Cancelled: never await while cancelled.
+                self._notify(events)
 
     def outcome(self, exc: BaseException) -> Outcome:
         """How *exc* counts for this breaker (its `BreakerConfig.outcome`)."""
@@ -454,7 +592,7 @@ class CircuitBreaker:
             if self._m is m and m.epoch == epoch:
                 return
 
-    # Decorator.
+    # Decorator: see `_calls`.
 
     def __call__(self, fn: Callable[P, T], /) -> Callable[P, T]:
         """
@@ -466,7 +604,14 @@ class CircuitBreaker:
         from resilient._pipeline._stream import breaker_streams  # noqa: PLC0415 - the pipeline imports the breaker
 
         return decorate(
-            fn, self._call, self._acall, stream=breaker_streams(self)
+            fn,
+            self._call,
+            self._acall,
+            stream=breaker_streams(self),
+            wrappers=(
+                lambda f: sync_wrapper(self, f),
+                lambda f: async_wrapper(self, f),
+            ),
         )
 
     def _call(
@@ -474,25 +619,19 @@ class CircuitBreaker:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        permit: BreakerPermit | None = None,
     ) -> Any:
-        ticket = self.fast_admit()
-        if ticket is None:
+        """One call under *permit* (taken here when None)."""
+        if permit is None:
             permit = self.acquire()
-            epoch, start, probe = permit.epoch, permit.start, permit.probe
-        else:
-            epoch, start = ticket
-            permit, probe = None, 0
+        if permit.epoch == UNCOUNTED:
+            return fn(*args, **kwargs)
         try:
             result = fn(*args, **kwargs)
         except BaseException as exc:
-            outcome = self.config.outcome(exc)
-            events = self._record(epoch, start, probe, outcome, permit)
-            if events:
-                self._notify(events)
+            self._failed(permit.epoch, permit.start, permit.probe, permit, exc)
             raise
-        events = self._record(epoch, start, probe, SUCCESS, permit)
-        if events:
-            self._notify(events)
+        self._settle(permit, SUCCESS)
         return result
 
     async def _acall(
@@ -500,50 +639,27 @@ class CircuitBreaker:
         fn: Callable[..., Awaitable[Any]],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        permit: BreakerPermit | None = None,
     ) -> Any:
-        ticket = self.fast_admit()
-        if ticket is None:
+        """`_call` from async code."""
+        if permit is None:
             permit = await self.aacquire()
-            epoch, start, probe = permit.epoch, permit.start, permit.probe
-        else:
-            epoch, start = ticket
-            permit, probe = None, 0
+        if permit.epoch == UNCOUNTED:
+            return await fn(*args, **kwargs)
         try:
             result = await fn(*args, **kwargs)
         except BaseException as exc:
-            outcome = self.config.outcome(exc)
-            events = self._record(epoch, start, probe, outcome, permit)
-            if events:
-                if isinstance(exc, Exception):
-                    await self._anotify(events)
-                else:  # Cancelled: never await while cancelled.
-                    self._notify(events)
+            await self._afailed(
+                permit.epoch, permit.start, permit.probe, permit, exc
+            )
             raise
-        events = self._record(epoch, start, probe, SUCCESS, permit)
-        if events:
-            await self._anotify(events)
+        await self._asettle(permit, SUCCESS)
         return result
 
     # Context managers: see `_blocks`.
 
-    def __enter__(self) -> BreakerPermit:
-        cell = take_cell(self)
-        permit = self.acquire()
-        if cell is None:
-            push_entered(self, permit)
-        else:
-            cell[1] = permit
-        return permit
-
-    async def __aenter__(self) -> BreakerPermit:
-        cell = take_cell(self)
-        permit = await self.aacquire()
-        if cell is None:
-            push_entered(self, permit)
-        else:
-            cell[1] = permit
-        return permit
-
+    __enter__ = enter_block
+    __aenter__ = aenter_block
     __exit__ = ExitSlot(exit_block)
     __aexit__ = ExitSlot(aexit_block)
 

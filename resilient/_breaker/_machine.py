@@ -52,6 +52,10 @@ SUCCESS: Final = Outcome.SUCCESS
 FAILURE: Final = Outcome.FAILURE
 IGNORE: Final = Outcome.IGNORE
 
+UNCOUNTED: Final = -1
+"""The epoch of a metrics-only breaker's permit for a call it would have
+rejected: no epoch matches it, so the call counts for nothing."""
+
 _VERDICTS: Final = {o.verdict: o for o in Outcome}
 """Verdict names to outcomes, for callers that still hold a name."""
 
@@ -85,8 +89,14 @@ class BreakerTransition:
         at: When, on resilient's clock (monotonic seconds).
         retry_after: Seconds from *at* until the breaker admits a probe: 0
             unless *new* is open, `math.inf` when forced open.
+        opened_by: When *new* is open, the exception of the call that
+            opened it (as `CircuitOpen.opened_by` holds it: a copy without
+            its traceback); None otherwise, and when the call raised
+            nothing (a slow call, a stuck probe, a forced opening).
 
     .. versionadded:: 26.11.0
+    .. versionchanged:: 26.12.0
+       *opened_by*.
     """
 
     name: str
@@ -95,6 +105,7 @@ class BreakerTransition:
     reason: TransitionReason
     at: float
     retry_after: float
+    opened_by: BaseException | None = None
 
 
 @final
@@ -186,7 +197,7 @@ class BreakerPermit:
         Cancellation, `KeyboardInterrupt` and `SystemExit` never count.
         """
         cb = self._breaker
-        cb._settle(self, cb.config.outcome(exc))  # noqa: SLF001
+        cb._settle(self, cb.config.outcome(exc), exc)  # noqa: SLF001
 
     def ignore(self) -> None:
         """
@@ -202,7 +213,7 @@ class BreakerPermit:
     async def afailure(self, exc: BaseException) -> None:
         """`failure`, awaiting async listeners."""
         cb = self._breaker
-        await cb._asettle(self, cb.config.outcome(exc))  # noqa: SLF001
+        await cb._asettle(self, cb.config.outcome(exc), exc)  # noqa: SLF001
 
     async def aignore(self) -> None:
         """`ignore`, awaiting async listeners."""
@@ -233,17 +244,20 @@ class _BreakerMachine:
         "_seq",
         "_slow_rate",
         "config",
+        "enforcing",
         "epoch",
         "gate",
         "interval",
         "name",
         "open_until",
         "opened_at",
+        "opened_by",
         "outbox",
         "owner",
         "probes",
         "rejected",
         "slow",
+        "stamped",
         "state",
         "successes",
         "timed",
@@ -276,6 +290,11 @@ class _BreakerMachine:
         """Seconds from which a call is slow (infinite: never)."""
         self.timed = slow is not None
         """Whether a call's duration matters while closed."""
+        self.enforcing = not config.metrics_only
+        """Whether it rejects calls (it does unless metrics-only)."""
+        self.stamped = self.timed or isinstance(self.window, TimeRing)
+        """Whether a closed call's success needs its end time (a time
+        window files it by time; a count window does not)."""
         self.state = _CLOSED
         self.epoch = epoch
         """Bumped on every state change: older permits no longer count."""
@@ -284,6 +303,9 @@ class _BreakerMachine:
         tells a caller whether it may call without the lock, with which
         epoch, and where a plain success goes (see `absorb`)."""
         self.open_until = self.opened_at = 0.0
+        self.opened_by: BaseException | None = None
+        """The failure that opened it, detached (see `detached`); None
+        while closed."""
         self.interval = config.open_interval
         self.probes: dict[int, float] = {}
         """Half-open probes in flight: permit number -> start time."""
@@ -300,6 +322,18 @@ class _BreakerMachine:
         A permit to call now, or a rejection with the wait for a probe; the
         permit is *owner*'s (default: the machine's own *owner*).
         """
+        got = self.admit_or_wait(now, owner)
+        if type(got) is BreakerPermit:
+            return got
+        return Reject(got, self.state)
+
+    def admit_or_wait(
+        self, now: float, owner: Any = None
+    ) -> BreakerPermit | float:
+        """
+        `admit` without a record for the rejection: a permit, or the
+        seconds until a probe (the rejection's state is `state` then).
+        """
         if owner is None:
             owner = self.owner
         state = self.state
@@ -312,10 +346,10 @@ class _BreakerMachine:
                 self._move(_HALF_OPEN, "open_interval_passed", now)
             else:
                 self.rejected += 1
-                return Reject(self.open_until - now, state)
+                return self.open_until - now
         elif state is not _HALF_OPEN:
             self.rejected += 1
-            return Reject(math.inf, state)
+            return math.inf
         probes = self.probes
         if probes:
             self._reap(now)
@@ -323,12 +357,12 @@ class _BreakerMachine:
                 probes
                 and now - min(probes.values()) >= self.config.probe_timeout
             ):
-                self._trip("probe_timeout", now)
+                self._trip("probe_timeout", now, None)
                 self.rejected += 1
-                return Reject(self.interval, _OPEN)
+                return self.interval
             if len(probes) >= self.config.half_open_probes:
                 self.rejected += 1
-                return Reject(self.retry_after(now), _HALF_OPEN)
+                return self.retry_after(now)
         self._seq += 1
         seq = self._seq
         permit = BreakerPermit(owner, self.epoch, now, seq)
@@ -341,19 +375,27 @@ class _BreakerMachine:
         return permit
 
     def settle(
-        self, epoch: int, probe: int, outcome: int, duration: float, now: float
+        self,
+        epoch: int,
+        probe: int,
+        outcome: int,
+        duration: float,
+        now: float,
+        *,
+        exc: BaseException | None = None,
     ) -> BreakerTransition | None:
         """
         Count the *outcome* of a call admitted at *epoch* (as probe number
-        *probe*, or 0) that took *duration* seconds; the state change, if
-        any. The one way an outcome enters the machine.
+        *probe*, or 0) that took *duration* seconds and raised *exc* (or
+        nothing); the state change, if any. The one way an outcome enters
+        the machine.
 
         A call admitted before the latest state change counts for nothing.
         """
         if epoch != self.epoch:
             return None
         if probe:
-            return self._probe_ended(probe, outcome, duration, now)
+            return self._probe_ended(probe, outcome, duration, now, exc)
         if outcome == IGNORE:
             return None
         self.absorb()
@@ -363,9 +405,9 @@ class _BreakerMachine:
         calls = w.calls
         if calls >= self._min_calls:
             if w.failures >= calls * self._fail_rate:
-                return self._trip("failure_rate", now)
+                return self._trip("failure_rate", now, exc)
             if w.slow >= calls * self._slow_rate:
-                return self._trip("slow_call_rate", now)
+                return self._trip("slow_call_rate", now, exc)
         return None
 
     def absorb(self) -> None:
@@ -379,20 +421,29 @@ class _BreakerMachine:
         A success from an epoch that ended lands in an inbox nobody reads.
         """
         gate = self.gate
-        if gate is not None:
-            inbox = gate[1]
-            add = self.window.add
-            while inbox:
-                add(0, inbox.popleft())
+        if gate is not None and gate[1]:
+            self.window.take(gate[1])
 
     def record(
-        self, permit: BreakerPermit, outcome: int, duration: float, now: float
+        self,
+        permit: BreakerPermit,
+        outcome: int,
+        duration: float,
+        now: float,
+        exc: BaseException | None = None,
     ) -> BreakerTransition | None:
         """`settle` for a permit (the simulator's form)."""
-        return self.settle(permit.epoch, permit.probe, outcome, duration, now)
+        return self.settle(
+            permit.epoch, permit.probe, outcome, duration, now, exc=exc
+        )
 
     def _probe_ended(
-        self, probe: int, outcome: int, duration: float, now: float
+        self,
+        probe: int,
+        outcome: int,
+        duration: float,
+        now: float,
+        exc: BaseException | None,
     ) -> BreakerTransition | None:
         """A half-open probe of the current epoch ended."""
         start = self.probes.pop(probe, None)
@@ -400,9 +451,9 @@ class _BreakerMachine:
         if start is None or outcome == IGNORE:
             return None  # Reaped already, or released without counting.
         if now - start >= self.config.probe_timeout:
-            return self._trip("probe_timeout", now)
+            return self._trip("probe_timeout", now, exc)
         if outcome == FAILURE or duration >= self.slow:
-            return self._trip("probe_failed", now)
+            return self._trip("probe_failed", now, exc)
         self.successes += 1
         if self.successes >= self.config.half_open_probes:
             return self._move(_CLOSED, "probes_succeeded", now)
@@ -506,12 +557,19 @@ class _BreakerMachine:
         self.opened_at = now
         self.open_until = now + self.interval
 
-    def _trip(self, reason: TransitionReason, now: float) -> BreakerTransition:
+    def _trip(
+        self,
+        reason: TransitionReason,
+        now: float,
+        exc: BaseException | None,
+    ) -> BreakerTransition:
         if self.state is _HALF_OPEN:
             self.interval = self._next_interval()
+        opened_by = None if exc is None else detached(exc)
         self.opened_at = now
         self.open_until = now + self.interval
         self.times_opened += 1
+        self.opened_by = opened_by
         return self._move(_OPEN, reason, now)
 
     def _move(
@@ -527,6 +585,9 @@ class _BreakerMachine:
         if new is _CLOSED:
             self.window.clear()
             self.interval = self.config.open_interval
+            self.opened_by = None
+        elif new is _FORCED_OPEN:
+            self.opened_by = None
         self.successes = 0
         self.probes = {}
         self._holders = {}
@@ -534,7 +595,35 @@ class _BreakerMachine:
         self.epoch = epoch
         self.gate = gate
         event = BreakerTransition(
-            self.name, old, new, reason, now, self.retry_after(now)
+            self.name,
+            old,
+            new,
+            reason,
+            now,
+            self.retry_after(now),
+            self.opened_by if new is _OPEN else None,
         )
         self.outbox.append(event)
         return event
+
+
+def detached(exc: BaseException) -> BaseException:
+    """
+    A copy of *exc* without its traceback, cause or context: its class,
+    ``args``, attributes and notes, made without calling ``__init__`` (so
+    that classes with keyword-only arguments copy too), the leaves of a
+    group likewise. What an open breaker keeps of the failure that opened
+    it, so that it keeps no frames (and their locals) alive. An exception
+    that cannot be copied that way is kept as it is.
+    """
+    try:
+        if isinstance(exc, BaseExceptionGroup):
+            copy = exc.derive([detached(e) for e in exc.exceptions])
+        else:
+            cls: Any = type(exc)
+            copy = cls.__new__(cls, *exc.args)
+            copy.args = exc.args
+        copy.__dict__.update(exc.__dict__)
+    except Exception:  # noqa: BLE001 - an exotic __new__ or __dict__
+        return exc
+    return copy

@@ -5,17 +5,17 @@ and two counters, for state changes and rejections.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 from opentelemetry import trace as otel_trace
 
-from resilient._core._telemetry import disabled, instruments
+from resilient._core._telemetry import exception_attributes, instruments
 
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Meter
 
-    from resilient._breaker._machine import BreakerTransition, Reject
+    from resilient._breaker._machine import BreakerState, BreakerTransition
 
 
 @final
@@ -43,17 +43,28 @@ def _instruments() -> _Meters | None:
 
 
 def _report(
-    counter: str, event: str, labels: dict[str, str], retry_after: float
+    counter: str,
+    event: str,
+    labels: dict[str, str],
+    retry_after: float,
+    exc: BaseException | None = None,
 ) -> None:
-    """Count on *counter* and add *event* to the caller's current span."""
+    """
+    Count on *counter* and add *event* to the caller's current span (with
+    the type and message of *exc*, if any, on the event alone).
+    """
     meters = _instruments()
     if meters is not None:
         getattr(meters, counter).add(1, labels)
     span = otel_trace.get_current_span()
     if span.is_recording():
-        span.add_event(
-            event, {**labels, "resilient.breaker.retry_after": retry_after}
-        )
+        attributes: dict[str, Any] = {
+            **labels,
+            "resilient.breaker.retry_after": retry_after,
+        }
+        if exc is not None:
+            attributes.update(exception_attributes(exc))
+        span.add_event(event, attributes)
 
 
 def report_transition(event: BreakerTransition) -> None:
@@ -69,17 +80,26 @@ def report_transition(event: BreakerTransition) -> None:
         "resilient.breaker.state_change",
         labels,
         event.retry_after,
+        event.opened_by,
     )
 
 
-def report_rejection(name: str, reject: Reject) -> None:
-    """A rejected call: a counter and a span event."""
-    if disabled():
-        return  # No SDK anywhere: nothing would record the event.
+def report_rejection(
+    name: str,
+    retry_after: float,
+    state: BreakerState,
+    *,
+    metrics_only: bool = False,
+) -> None:
+    """
+    A rejected call (one a metrics-only breaker let through all the same):
+    a counter and a span event. The caller skips it when telemetry is
+    `disabled` (no SDK anywhere: nothing would record the event).
+    """
     labels = {
         "resilient.breaker": name,
-        "resilient.breaker.state": reject.state.value,
+        "resilient.breaker.state": state.value,
     }
-    _report(
-        "rejections", "resilient.breaker.rejected", labels, reject.retry_after
-    )
+    if metrics_only:
+        labels["resilient.breaker.metrics_only"] = "true"
+    _report("rejections", "resilient.breaker.rejected", labels, retry_after)

@@ -9,7 +9,11 @@ call.
 
 from __future__ import annotations
 
-from typing import Final, final
+from typing import TYPE_CHECKING, Final, final
+
+
+if TYPE_CHECKING:
+    import collections
 
 
 FAILED: Final = 1
@@ -45,6 +49,27 @@ class CountRing:
         self.failures += code & FAILED
         self.slow += code >> 1
         self._i = i + 1 if i + 1 < len(ring) else 0
+
+    def take(self, inbox: collections.deque[float]) -> None:
+        """
+        Enter the successes queued in *inbox* (their times unused). Each
+        turn of the loop leaves the totals whole: an asynchronous exception
+        at its back edge loses nothing taken so far.
+        """
+        ring = self._ring
+        size = len(ring)
+        pop = inbox.popleft
+        for _ in range(len(inbox)):  # Only these: more may be appended.
+            pop()
+            i = self._i
+            if self.calls == size:
+                old = ring[i]
+                self.failures -= old & FAILED
+                self.slow -= old >> 1
+            else:
+                self.calls += 1
+            ring[i] = 0
+            self._i = i + 1 if i + 1 < size else 0
 
     def expire(self, now: float) -> None:
         """Nothing expires by time in a count window."""
@@ -122,6 +147,21 @@ class TimeRing:
             if code & SLOW:
                 self._s[j] += 1
                 self.slow += 1
+
+    def take(self, inbox: collections.deque[float]) -> None:
+        """
+        Enter the successes queued in *inbox*, by their end times (as
+        `add` would, without a call per success). Each turn of the loop
+        leaves the totals whole.
+        """
+        width, counts = self._width, self._c
+        pop = inbox.popleft
+        for _ in range(len(inbox)):  # Only these: more may be appended.
+            t = pop()
+            if t // width != self._head:
+                self.expire(t)
+            counts[self._head % BUCKETS] += 1
+            self.calls += 1
 
     def clear(self) -> None:
         """Forget every outcome."""

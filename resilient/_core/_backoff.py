@@ -46,6 +46,7 @@ def _cap_not_below_base(
 # Every positive float lies in [2**-1074, 2**1024): past this many doublings
 # even the smallest base is above the largest cap.
 _ALWAYS_CAPPED: Final = 2100
+_ldexp: Final = math.ldexp
 
 
 def exponential_ceiling(base: float, cap: float, retry: int) -> float:
@@ -57,9 +58,10 @@ def exponential_ceiling(base: float, cap: float, retry: int) -> float:
     # ldexp is exact, and only overflows when base * 2**retry exceeds the
     # largest float, which is then above the cap too.
     try:
-        return min(cap, math.ldexp(base, retry))
+        window = _ldexp(base, retry)
     except OverflowError:
         return cap
+    return window if window < cap else cap  # noqa: FURB136 - min() is a call
 
 
 @final
@@ -89,9 +91,9 @@ class FullJitter:
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """Uniform in [0, min(cap, base * 2**retry)]."""
-        return rng.uniform(
-            0.0, exponential_ceiling(self.base, self.cap, retry)
-        )
+        # rng.uniform(0.0, w) is 0.0 + (w - 0.0) * rng.random(): the same
+        # float, one call less.
+        return exponential_ceiling(self.base, self.cap, retry) * rng.random()
 
 
 @final

@@ -24,6 +24,7 @@ from typing import (
 import attrs
 
 from resilient._core._decorate import is_async_callable
+from resilient._core._transient import DependencyFailure, every_leaf
 from resilient._core._validate import (
     check_classes_or_predicate,
     check_exception_classes,
@@ -204,6 +205,15 @@ def _check_failure_on(
         )
 
 
+def _check_bool(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if not isinstance(value, bool):
+        raise ConfigTypeError(
+            field_name(inst, attribute), value, "must be a bool"
+        )
+
+
 def _check_ignore_on(
     inst: object, attribute: attrs.Attribute[Any], value: object
 ) -> None:
@@ -247,10 +257,19 @@ class BreakerConfig:
             it half-open. Its late outcome is ignored.
         failure_on: Which exceptions count as failures: exception classes
             or a predicate (a plain function: an ``async def`` one is
-            refused). Other exceptions count as successes (the
-            dependency answered). Cancellation, `KeyboardInterrupt` and
-            `SystemExit` never count.
+            refused). The default, `DependencyFailure()`, counts transport
+            errors, timeouts (resilient's own `TimedOut` included), and
+            HTTP status errors of 429 and 5xx; a 404 is the dependency
+            answering. Other exceptions count as successes (the
+            dependency answered). An `ExceptionGroup` that *failure_on*
+            does not accept itself is a failure when every one of its
+            leaves is. Cancellation, `KeyboardInterrupt` and `SystemExit`
+            never count.
         ignore_on: Exceptions that count neither way, checked first.
+        metrics_only: Count, change state and report as usual, but never
+            reject a call: for rolling a breaker out and watching what it
+            would do before it does it. A call the breaker would have
+            rejected runs uncounted, and is reported as a rejection.
 
     Defaults start from the common rule "5 failures in 60 s open the
     breaker for 30 s, then 3 half-open test requests": a 60 s time window,
@@ -289,7 +308,7 @@ class BreakerConfig:
     )
     failure_on: tuple[type[Exception], ...] | Callable[[Exception], bool] = (
         attrs.field(
-            default=(Exception,),
+            factory=DependencyFailure,
             converter=to_exception_classes,
             validator=_check_failure_on,
         )
@@ -297,6 +316,7 @@ class BreakerConfig:
     ignore_on: tuple[type[Exception], ...] = attrs.field(
         default=(), converter=to_exception_classes, validator=_check_ignore_on
     )
+    metrics_only: bool = attrs.field(default=False, validator=_check_bool)
 
     def __attrs_post_init__(self) -> None:
         if self.max_open_interval < self.open_interval:
@@ -324,25 +344,42 @@ class BreakerConfig:
         A `BaseException` that is not an `Exception` (cancellation,
         `KeyboardInterrupt`, `SystemExit`) is always ignored. A *failure_on*
         predicate that raises is logged and its exception counts as a
-        failure.
+        failure. An `ExceptionGroup` that *ignore_on* and *failure_on* do
+        not name itself is a failure when every leaf (the exceptions in it
+        and in its nested groups) is one, ignored when every leaf is
+        ignored, and a success otherwise.
         """
         if not isinstance(exc, Exception) or isinstance(exc, self.ignore_on):
             return Outcome.IGNORE
+        if self._fails(exc):
+            return Outcome.FAILURE
+        if isinstance(exc, ExceptionGroup):
+            if every_leaf(exc, self._failed):
+                return Outcome.FAILURE
+            if every_leaf(exc, self._ignored):
+                return Outcome.IGNORE
+        return Outcome.SUCCESS
+
+    def _fails(self, exc: Exception) -> bool:
+        """Whether *failure_on* accepts *exc* itself."""
         test = self.failure_on
         if isinstance(test, tuple):
-            return (
-                Outcome.FAILURE if isinstance(exc, test) else Outcome.SUCCESS
-            )
+            return isinstance(exc, test)
         try:
-            failed = bool(test(exc))
+            return bool(test(exc))
         except Exception:
             log.exception(
                 "resilient: failure_on predicate %r raised; counted as a "
                 "failure",
                 test,
             )
-            failed = True
-        return Outcome.FAILURE if failed else Outcome.SUCCESS
+            return True
+
+    def _failed(self, leaf: BaseException) -> bool:
+        return self.outcome(leaf) is Outcome.FAILURE
+
+    def _ignored(self, leaf: BaseException) -> bool:
+        return self.outcome(leaf) is Outcome.IGNORE
 
     def verdict(self, exc: BaseException) -> Verdict:
         """
@@ -378,6 +415,7 @@ class BreakerConfigChanges(TypedDict, total=False):
     probe_timeout: float | dt.timedelta
     failure_on: FailureOn
     ignore_on: type[Exception] | tuple[type[Exception], ...]
+    metrics_only: bool
 
 
 __all__ = ["BreakerConfig", "CountWindow", "Outcome", "TimeWindow"]

@@ -35,6 +35,21 @@ GiveUpReason = Literal[
   finite number of seconds >= 0 (logged).
 """
 
+DelaySource = Literal["backoff", "hint", "hint_capped", "admission"]
+"""Where a scheduled retry's delay came from:
+
+- ``backoff``: the policy's backoff;
+- ``hint``: a server's hint (``Retry-After`` on the exception or on a
+  response-like result), as given;
+- ``hint_capped``: a server's hint, cut down to the policy's
+  *max_retry_after*;
+- ``admission``: a stage that will not admit the call yet (an open breaker,
+  a full bulkhead) set the wait, spread with jitter (plus the backoff's).
+
+In testing mode, where every wait is zero, it still says which one would
+have applied.
+"""
+
 
 @final
 @attrs.frozen
@@ -51,6 +66,11 @@ class RetryEvent:
             a value the policy retries on.
         result: The value the attempt returned, or None.
         reason: Why resilient gave up, or None when it retries.
+        delay_source: Where *delay* came from (see `DelaySource`); None
+            when giving up.
+
+    .. versionchanged:: 26.12.0
+       *delay_source*.
     """
 
     policy: str
@@ -60,6 +80,7 @@ class RetryEvent:
     exception: BaseException | None
     result: object = None
     reason: GiveUpReason | None = None
+    delay_source: DelaySource | None = None
 
 
 @final

@@ -35,6 +35,8 @@ StreamShell = Callable[[Callable[..., Any], bool], Callable[..., Any]]
 """Makes the guarded twin of a generator function: called with the function
 and whether it is an async generator function, returns a generator function
 of the same colour (`resilient._pipeline._stream`)."""
+Wrapper = Callable[[Callable[..., Any]], Callable[..., Any]]
+"""Makes the wrapper of a function (see `decorate`'s *wrappers*)."""
 
 
 def is_async_callable(fn: object) -> bool:
@@ -78,13 +80,14 @@ _GENERATOR: Final = inspect.CO_GENERATOR
 _ASYNC_GENERATOR: Final = inspect.CO_ASYNC_GENERATOR
 
 
-def decorate(
+def decorate(  # noqa: C901 - one branch per kind of callable
     fn: Callable[P, T],
     sync_shell: SyncShell,
     async_shell: AsyncShell,
     *,
     check_sync: Callable[[Callable[..., Any]], None] | None = None,
     stream: StreamShell | str,
+    wrappers: tuple[Wrapper, Wrapper] | None = None,
 ) -> Callable[P, T]:
     """
     Wrap *fn* so that each call goes through the matching shell.
@@ -103,6 +106,9 @@ def decorate(
             that only make sense in async code.
         stream: The maker of a generator function's guarded twin, or why
             generator functions are refused and what to use instead.
+        wrappers: ``(make_sync, make_async)``: each called with *fn* to
+            make the wrapper itself, for a primitive whose hot path runs
+            in the wrapper (the shells then go unused).
     """
     if isinstance(fn, classmethod | staticmethod):
         inner = decorate(
@@ -111,6 +117,7 @@ def decorate(
             async_shell,
             check_sync=check_sync,
             stream=stream,
+            wrappers=wrappers,
         )
         return cast("Callable[P, T]", type(fn)(inner))
     if not callable(fn):
@@ -129,6 +136,8 @@ def decorate(
             return await async_shell(fn, args, kwargs)  # type: ignore[arg-type]
 
         wrapper = async_wrapper
+        if wrappers is not None:
+            wrapper = wrappers[1](fn)
     else:
         if check_sync is not None:
             check_sync(fn)
@@ -137,8 +146,25 @@ def decorate(
             return sync_shell(fn, args, kwargs)
 
         wrapper = sync_wrapper
+        if wrappers is not None:
+            wrapper = wrappers[0](fn)
 
     # Copies what exists (callable objects lack __name__) and sets
     # __wrapped__, which inspect.signature follows.
     functools.update_wrapper(wrapper, fn)
+    keep_defaults(wrapper, fn)
     return cast("Callable[P, T]", wrapper)
+
+
+def keep_defaults(wrapper: Callable[..., Any], fn: object) -> None:
+    """
+    Copy *fn*'s ``__defaults__`` and ``__kwdefaults__`` onto *wrapper*,
+    which `functools.update_wrapper` leaves out: code that reads them
+    directly (not through `inspect.signature`, which follows
+    ``__wrapped__``) sees the wrapped function's defaults. The wrapper
+    takes only ``*args, **kwargs``, so they change nothing in its calls.
+    """
+    for name in ("__defaults__", "__kwdefaults__"):
+        value = getattr(fn, name, None)  # Callable objects have none.
+        if value is not None:
+            setattr(wrapper, name, value)

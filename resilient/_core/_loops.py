@@ -12,6 +12,7 @@ that would release the slot never runs), so those waits ask
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import TYPE_CHECKING
 
 
@@ -29,6 +30,16 @@ def current_async_library() -> str | None:
         except RuntimeError:
             return None
         return "asyncio"
+    if (
+        sniffio.thread_local.name is None
+        and sniffio.current_async_library_cvar.get() is None
+        and asyncio._get_running_loop() is None  # noqa: SLF001
+        and "curio" not in sys.modules
+    ):
+        # Sync code, the common case: what sniffio would find, without the
+        # exceptions it raises and catches on the way (a hold of a lock
+        # or a timeout scope asks on every entry).
+        return None
     try:
         return sniffio.current_async_library()
     except sniffio.AsyncLibraryNotFoundError:

@@ -18,7 +18,7 @@ from resilient._core._validate import (
     positive_int_or_none,
 )
 from resilient._core._validate import check_name as _check_name
-from resilient.exceptions import ConfigTypeError
+from resilient.exceptions import ConfigError, ConfigTypeError
 
 
 if TYPE_CHECKING:
@@ -141,6 +141,24 @@ def check_predicate(
             value,
             "one argument",
             "it is asked in sync code too",
+        )
+
+
+LAST_RESULT: Final = ("return", "raise")
+"""What `Policy.last_result` may say."""
+
+
+def check_last_result(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    """``"return"`` or ``"raise"``."""
+    if not isinstance(value, str):
+        raise ConfigTypeError(
+            field_name(inst, attribute), value, 'must be "return" or "raise"'
+        )
+    if value not in LAST_RESULT:
+        raise ConfigError(
+            field_name(inst, attribute), value, 'must be "return" or "raise"'
         )
 
 

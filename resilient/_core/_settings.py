@@ -59,6 +59,10 @@ class RetrySettings(Protocol):
         """Which results are retried."""
 
     @property
+    def last_result(self) -> str:
+        """``"return"`` or ``"raise"``: what a give-up on a result does."""
+
+    @property
     def retry_after(self) -> RetryAfter | None:
         """Reads a server's wait hint from an exception."""
 

@@ -23,7 +23,7 @@ from resilient.exceptions import ConfigError, ConfigTypeError
 
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterator
 
 
 # (top-level package, class name) pairs. "builtins" stands for the
@@ -198,12 +198,13 @@ def _keys(cls: type) -> set[tuple[str, str]]:
     return {(c.__module__.partition(".")[0], c.__name__) for c in cls.__mro__}
 
 
-def _request_of(exc: BaseException) -> tuple[str, Any] | None:
-    """The (method, headers) of the HTTP request an error came from."""
-    info = getattr(exc, "request_info", None)  # aiohttp
+def _request_of(obj: object) -> tuple[str, Any] | None:
+    """The (method, headers) of the HTTP request an error or a response
+    came from."""
+    info = getattr(obj, "request_info", None)  # aiohttp
     if info is None:
         try:
-            info = getattr(exc, "request", None)  # httpx, requests
+            info = getattr(obj, "request", None)  # httpx, requests
         except RuntimeError:  # httpx: "the .request property has not been set"
             return None
     method = getattr(info, "method", None)
@@ -226,12 +227,29 @@ def _not_sent(exc: BaseException) -> bool:
     return False
 
 
-def _leaves(group: BaseExceptionGroup[Any]) -> Iterable[BaseException]:
+def leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
+    """The exceptions in *group* and in its nested groups, depth first."""
     for exc in group.exceptions:
         if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
+            yield from leaves(exc)
         else:
             yield exc
+
+
+def every_leaf(
+    group: BaseExceptionGroup[Any], accepts: Callable[[BaseException], bool]
+) -> bool:
+    """
+    Whether *group* has leaves and *accepts* every one of them: the one
+    rule by which retry retries an exception group and a breaker counts one
+    as a failure (an error inside a task group arrives as a group).
+    """
+    found = False
+    for leaf in leaves(group):
+        if not accepts(leaf):
+            return False
+        found = True
+    return found
 
 
 def _statuses(
@@ -321,8 +339,7 @@ class _Classifier:
     def __call__(self, exc: BaseException) -> bool:
         """Whether *exc* is one of the errors this classifier names."""
         if isinstance(exc, BaseExceptionGroup):
-            leaves = list(_leaves(exc))
-            return bool(leaves) and all(map(self, leaves))
+            return every_leaf(exc, self)
         if not isinstance(exc, Exception):
             return False  # Cancellation, KeyboardInterrupt, SystemExit.
         return self._leaf(exc)
@@ -412,19 +429,38 @@ class Transient(_Classifier):
         return _SQLSTATE_RETRY
 
     def _leaf(self, exc: Exception) -> bool:
-        if not super()._leaf(exc):
-            return False
+        return super()._leaf(exc) and self.may_repeat(exc)
+
+    def may_repeat(self, outcome: object) -> bool:
+        """
+        Whether repeating the HTTP request *outcome* came from (an error or
+        a response that carries its request) cannot repeat a side effect:
+        its method is idempotent, it carries the idempotency header, it
+        never left the client, or the server said it did not act on it
+        (429, 503). True when *outcome* carries no request.
+
+        Example:
+            >>> import httpx, resilient
+            >>> post = httpx.Request("POST", "https://api.example/charges")
+            >>> response = httpx.Response(502, request=post)
+            >>> resilient.Transient().may_repeat(response)
+            False
+
+        .. versionadded:: 26.12.0
+        """
         methods = self.idempotent_methods
         if methods is None:
             return True
-        request = _request_of(exc)
+        request = _request_of(outcome)
         if request is None or request[0] in methods:
             return True
         headers = request[1]
         get = getattr(headers, "get", None)
         if callable(get) and get(self.idempotency_header):
             return True
-        return _not_sent(exc) or http_status(exc) in _NOT_PROCESSED
+        return (
+            isinstance(outcome, BaseException) and _not_sent(outcome)
+        ) or http_status(outcome) in _NOT_PROCESSED
 
 
 @final

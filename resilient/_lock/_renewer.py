@@ -5,8 +5,16 @@ for an async one.
 Never a thread per lock: every lease held through one backend is renewed
 by the same worker, in batches of the backend's ``max_renew_batch`` (one
 round trip each), and leases due close together are renewed together.
-The schedule (`Renewals.round`) is shared by the two drivers; the thread
-driver sleeps on a condition variable, the task driver on anyio.
+The schedule (`Renewals`) is shared by the two drivers; the thread driver
+sleeps on a condition variable, the task driver on anyio. Registering a
+lease is a dict insert with no lock and no wake-up unless the worker would
+look too late for it, so a short hold costs the renewer nothing until its
+first renewal would be due.
+
+A renewal call that hangs does not hold back the loss: the task driver
+bounds each call by the earliest validity of its batch, and the thread
+driver has a watchdog thread that, while a call is out, marks each lease
+lost once its validity runs out on the local monotonic clock.
 
 The worker starts with the first lease and ends with the last, so an idle
 process runs nothing. After ``os.fork()`` the child has no renewer (threads
@@ -16,9 +24,11 @@ marked lost in the child, and its release sends nothing.
 
 from __future__ import annotations
 
+import _thread
 import logging
 import math
 import os
+import sys
 import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
@@ -43,6 +53,10 @@ FAKE_CLOCK_POLL: Final = 0.005
 #: Real seconds an idle renewer thread waits for a new lease before ending.
 IDLE: Final = 1.0
 
+#: On a clock other than the real one, how often (real seconds) the
+#: watchdog looks; slower than the worker, whose turns it would delay.
+WATCHDOG_FAKE_POLL: Final = 0.025
+
 #: A lease due within this share of its renewal interval is renewed with
 #: the round that is going anyway, so leases batch up.
 EARLY: Final = 0.1
@@ -50,7 +64,15 @@ EARLY: Final = 0.1
 
 @final
 class Renewals:
-    """The leases one worker renews, and what a round does with them."""
+    """
+    The leases one worker renews, and what a round does with them.
+
+    Adding and removing a lease are single dict operations (atomic), with
+    no lock and no wake-up unless the worker would look too late for the
+    new lease: a short hold costs the renewer nothing until its first
+    renewal would be due. The worker reads the dict by copying it (one
+    atomic operation), under `cond` only where it decides to sleep.
+    """
 
     __slots__ = ("_leases", "cond", "planned")
 
@@ -60,39 +82,37 @@ class Renewals:
         self.planned = -math.inf
         """When the worker plans to look next (-inf: it is busy now)."""
 
-    def add(self, record: LeaseRecord) -> None:
+    def add(self, record: LeaseRecord) -> bool:
         """
-        Start renewing *record*, waking the worker only if it would look
-        too late for it (a wake-up per lease would cost every short hold a
-        thread switch).
+        Start renewing *record*; whether the worker must be woken for it
+        (it plans to look later than the lease's first renewal).
         """
-        with self.cond:
-            self._leases[id(record)] = record
-            if record.wake_at() < self.planned:
-                self.cond.notify()
+        self._leases[id(record)] = record
+        # `planned` is read after the insert: if it is a sleeping worker's,
+        # that worker reads the dict when it wakes, in time for the lease
+        # unless it is due earlier; if the worker is busy (-inf), it may
+        # be about to choose when to sleep without the lease: wake it.
+        planned = self.planned
+        return planned == -math.inf or record.due < planned
 
     def remove(self, record: LeaseRecord) -> None:
         """Stop renewing *record* (released or lost); the worker finds out."""
-        with self.cond:
-            self._leases.pop(id(record), None)
+        self._leases.pop(id(record), None)
 
     def __len__(self) -> int:
         return len(self._leases)
 
     def held(self) -> list[LeaseRecord]:
         """The leases renewed now."""
-        with self.cond:
-            return list(self._leases.values())
+        return list(self._leases.values())
 
     def due(self, now: float) -> list[LeaseRecord]:
         """
         The leases to renew now; leases found past their validity are
         marked lost and dropped.
         """
-        with self.cond:
-            records = list(self._leases.values())
         due = []
-        for record in records:
+        for record in self.held():
             if not record.check(now):
                 self.remove(record)
             elif record.due <= now + EARLY * record.config.every:
@@ -125,18 +145,14 @@ class Renewals:
                 self.remove(record)
 
     def next_wake(self) -> float:
-        """
-        When the worker must next look, on resilient's clock; the caller
-        holds `cond`.
-        """
-        return min(
-            (r.wake_at() for r in self._leases.values()), default=math.inf
-        )
+        """When the worker must next look, on resilient's clock."""
+        return min((r.wake_at() for r in self.held()), default=math.inf)
 
     def reset_after_fork(self) -> None:
         """In a forked child: none of these leases is ours."""
         self.cond = threading.Condition(threading.Lock())
-        for record in list(self._leases.values()):
+        self.planned = -math.inf
+        for record in self.held():
             record.forked()
         self._leases.clear()
 
@@ -164,27 +180,51 @@ def _wait_for(wake: float) -> float:
 
 @final
 class ThreadRenewer:
-    """Renews every lease of one sync backend from one daemon thread."""
+    """
+    Renews every lease of one sync backend from one daemon thread.
 
-    __slots__ = ("__weakref__", "backend", "renewals", "thread")
+    Its watchdog (a second thread, alive while the worker is) declares
+    leases lost on the local monotonic clock while a renewal call hangs:
+    the worker calls the backend inline, and if the call has not returned
+    when a lease's validity runs out, the watchdog, asleep until then,
+    marks that lease lost (which cancels its block) without waiting for
+    the call or for the backend's own per-call limit.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_dog",
+        "_dog_until",
+        "_watching",
+        "backend",
+        "renewals",
+        "thread",
+    )
 
     def __init__(self, backend: LockBackend) -> None:
         self.backend = backend
         self.renewals = Renewals()
         self.thread: threading.Thread | None = None
+        self._dog = threading.Condition(threading.Lock())
+        self._dog_until = -math.inf
+        """When the watchdog looks next (-inf: it is not watching)."""
+        self._watching = False
         _ALL.add(self)
 
     def add(self, record: LeaseRecord) -> None:
         """Renew *record* until it is removed, released or lost."""
-        self.renewals.add(record)
-        with self.renewals.cond:
-            if self.thread is None:
-                self.thread = threading.Thread(
-                    target=self._run,
-                    name=f"resilient-lock-renewer-{self.backend.scheme}",
-                    daemon=True,
-                )
-                self.thread.start()
+        renewals = self.renewals
+        if renewals.add(record) or self.thread is None:
+            with renewals.cond:
+                if self.thread is None:
+                    self.thread = threading.Thread(
+                        target=self._run,
+                        name=f"resilient-lock-renewer-{self.backend.scheme}",
+                        daemon=True,
+                    )
+                    self.thread.start()
+                else:
+                    renewals.cond.notify()
 
     def remove(self, record: LeaseRecord) -> None:
         """Stop renewing *record*."""
@@ -196,17 +236,79 @@ class ThreadRenewer:
         due = self.renewals.due(clock.now())
         for batch in batches(due, self.backend.max_renew_batch):
             sent = clock.now()
-            try:
-                results: Sequence[bool] | None = self.backend.renew(
-                    _requests(batch)
-                )
-            except Exception as exc:  # noqa: BLE001 - no answer, retried
-                log.debug("lock renewal got no answer: %s", type(exc).__name__)
-                results = None
-            self.renewals.settle(batch, sent, results)
+            self.renewals.settle(batch, sent, self._renew(batch))
+
+    def _renew(self, batch: Sequence[LeaseRecord]) -> Sequence[bool] | None:
+        """The backend's answers for *batch*, or None (no answer)."""
+        if min(r.valid_until for r in batch) < self._dog_until:
+            # A lease the watchdog has not seen yet (its plan is later):
+            # tell it before the call. Otherwise it plans to look in time
+            # already, and waking it would only take the GIL from us.
+            with self._dog:
+                self._watch_soon()
+                self._dog.notify()
+        try:
+            return self.backend.renew(_requests(batch))
+        except Exception as exc:  # noqa: BLE001 - no answer, retried
+            log.debug("lock renewal got no answer: %s", type(exc).__name__)
+            return None
+
+    def _watch_soon(self) -> None:
+        """
+        Start the watchdog unless it runs; the caller holds `_dog`. A bare
+        thread (`_thread`), which starting does not wait for: a loaded
+        machine can take many milliseconds to schedule a new thread, and
+        the worker must not lose them (a daemon: nothing joins it).
+        """
+        if not self._watching:
+            self._watching = True
+            _thread.start_new_thread(self._watch_thread, ())
+
+    def _watch_thread(self) -> None:  # pragma: no cover - untraced
+        """
+        The watchdog's thread: traced and profiled as `threading`'s are
+        (its own lines run before it sets the tracer).
+        """
+        trace, profile = threading.gettrace(), threading.getprofile()
+        if trace is not None:
+            sys.settrace(trace)
+        if profile is not None:
+            sys.setprofile(profile)
+        self._watch()
+
+    def _watch(self) -> None:
+        """
+        The watchdog: sleep until the earliest validity of the held
+        leases, then mark those past it lost. The worker does the same when
+        it wakes; the watchdog is what still does it while the worker is
+        stuck in a renewal call.
+        """
+        dog = self._dog
+        with dog:
+            while self.thread is not None:
+                clock = _clock.get_clock()
+                now = clock.now()
+                until = math.inf
+                for record in self.renewals.held():
+                    try:
+                        if record.check(now):  # Marks it lost once past.
+                            until = min(until, record.valid_until)
+                    except Exception:  # pragma: no cover - a loss callback
+                        log.exception("lock watchdog: a loss callback raised")
+                self._dog_until = until
+                if clock is _clock.DEFAULT_CLOCK:
+                    dog.wait(min(max(until - now, 0.0), 3600.0))
+                else:  # Virtual time moves without telling anyone.
+                    dog.wait(WATCHDOG_FAKE_POLL)
+            self._dog_until = -math.inf
+            self._watching = False
 
     def _run(self) -> None:
         renewals = self.renewals
+        with self._dog:
+            # Started with the worker, long before the first renewal: not
+            # by it, which would then wait for a thread to start.
+            self._watch_soon()
         while True:
             self.round()
             clock = _clock.get_clock()
@@ -219,6 +321,8 @@ class ThreadRenewer:
                     renewals.planned = -math.inf
                     if not len(renewals):
                         self.thread = None
+                        with self._dog:  # Its watchdog ends too.
+                            self._dog.notify()
                         return
                     continue
                 wake = renewals.next_wake()
@@ -229,6 +333,9 @@ class ThreadRenewer:
     def reset_after_fork(self) -> None:
         """In a forked child: no thread, no leases."""
         self.thread = None
+        self._dog = threading.Condition(threading.Lock())
+        self._dog_until = -math.inf
+        self._watching = False
         self.renewals.reset_after_fork()
 
 
@@ -260,8 +367,7 @@ class TaskRenewer:
 
     def add(self, record: LeaseRecord) -> None:
         """Renew *record*; call from a task of the backend's event loop."""
-        self.renewals.add(record)
-        if self._wake is not None and record.wake_at() < self.renewals.planned:
+        if self.renewals.add(record) and self._wake is not None:
             self._wake.set()
         if not self.running:
             self.running = True
@@ -306,8 +412,7 @@ class TaskRenewer:
                 if not len(self.renewals):
                     break
                 self._wake = anyio.Event()
-                with self.renewals.cond:
-                    wake = self.renewals.planned = self.renewals.next_wake()
+                wake = self.renewals.planned = self.renewals.next_wake()
                 with anyio.move_on_after(_wait_for(wake)):
                     await self._wake.wait()
                 self.renewals.planned = -math.inf

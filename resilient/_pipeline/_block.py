@@ -103,6 +103,19 @@ class Attempt:
     other exception, or the last one, propagates out of the loop with a note.
     In async code the attempt is cancelled at its deadline, which raises
     `DeadlineExceeded`.
+
+    Attributes:
+        number: The attempt's number: 1 is the first.
+        next_wait: Seconds the policy plans to wait before the next
+            attempt, once this attempt's block has ended and will be
+            retried (it raised an error the policy retries, or its result
+            is retried): the backoff's delay or the server's hint, the
+            ``delay`` of the `RetryEvent` hooks see (0 in testing mode).
+            None before the block ends, and when no attempt follows (the
+            attempt succeeded, or retrying gave up).
+
+    .. versionchanged:: 26.12.0
+       *next_wait*.
     """
 
     __slots__ = (
@@ -112,6 +125,7 @@ class Attempt:
         "_result",
         "_scope",
         "_serial",
+        "next_wait",
         "number",
     )
 
@@ -120,6 +134,8 @@ class Attempt:
         self._serial = attempts.serial
         self.number = number
         """The attempt's number: 1 is the first."""
+        self.next_wait: float | None = None
+        """Seconds until the next attempt, once this one will be retried."""
         self._entered = False
         self._result: object = None
         self._scope: Any = NO_SCOPE
@@ -182,7 +198,8 @@ class Attempt:
         if stop is None:
             attempts.gen = None  # Over: success, or a kept result.
             return False
-        return sent[0] is not None  # Retrying (NEXT).
+        self.next_wait = stop[1].delay  # Retrying (NEXT).
+        return sent[0] is not None
 
     def __enter__(self) -> Attempt:
         if self._attempts.is_async and self._attempts.policy.has_async_hooks:

@@ -19,7 +19,7 @@ from resilient._core._decisions import GiveUp, Retry
 from resilient._core._telemetry import recorder
 from resilient._retry._machine import RetryMachine, note
 from resilient._timeout._watchdog import AttemptDeadline
-from resilient.exceptions import DeadlineExceeded
+from resilient.exceptions import DeadlineExceeded, GaveUpOnResult
 
 
 if TYPE_CHECKING:
@@ -195,6 +195,16 @@ class Call:
             else:
                 self._rec.retrying(step.event)
         return step
+
+    def kept(self, step: GiveUp) -> Any:
+        """What a give-up on a result leaves: the result, or (the policy's
+        *last_result* is ``"raise"``) `GaveUpOnResult` carrying it."""
+        event = step.event
+        if self.policy.last_result == "raise":
+            raise GaveUpOnResult(
+                event.result, event.attempt, step.reason, event.policy
+            )
+        return event.result
 
     def after_hook(self, step: Retry) -> float | GiveUp:
         """The wait left after *step*'s hook (see RetryMachine)."""

@@ -22,9 +22,9 @@ each effect gave; an exception the effect raised is thrown in instead:
 - ``SETTLE, (tickets, exc, own_timeout)``: ``guards.settle(...)`` or, in
   async code and unless *exc* is a cancellation, ``await
   guards.asettle(...)``; send None.
-- ``NEXT, None`` (block form only): the attempt is decided and will be
-  retried; the block's ``with`` ends here, the loop's next iteration
-  resumes.
+- ``NEXT, step`` (block form only): the attempt is decided and will be
+  retried as *step* (a `Retry`) says; the block's ``with`` ends here, the
+  loop's next iteration resumes.
 - ``FALLBACK, (fallback, exc)`` (decorators and `Policy.call` only): the
   call ended with *exc* and the policy's fallback takes over
   (`resilient._pipeline._fallback`); send what it returned (what it
@@ -86,7 +86,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
         while True:
             if step is not None:
                 if block:
-                    yield NEXT, None
+                    yield NEXT, step
                 wait: float | GiveUp = step.delay
                 hook = call.policy.before_sleep
                 if hook is not None and observable(step.event):
@@ -94,7 +94,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                     wait = call.after_hook(step)
                     if isinstance(wait, GiveUp):
                         yield from _give_up(call, wait)
-                        result = _end(wait)
+                        result = _end(call, wait)
                         call.finish(None)
                         return result
                 yield SLEEP, (wait, step.event.exception)
@@ -129,6 +129,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 if not isinstance(outcome, Retry):
                     if outcome is not None:
                         yield from _give_up(call, outcome)
+                        value = call.kept(outcome)
                     call.finish(None)
                     return value
                 step = outcome
@@ -174,9 +175,9 @@ def _give_up(call: Call, step: GiveUp) -> Flow:
         yield from _hook(call, hook, step)
 
 
-def _end(step: GiveUp) -> Any:
+def _end(call: Call, step: GiveUp) -> Any:
     """Giving up after a hook: raise the last error or keep the result."""
     event = step.event
     if event.exception is not None:
         raise event.exception
-    return event.result
+    return call.kept(step)

@@ -84,7 +84,8 @@ class BreakerStage:
     ) -> None:
         """Count the attempt as the breaker's configuration says."""
         cb = self.breaker
-        cb._settle(ticket, attempt_outcome(cb, exc, own_timeout=own_timeout))  # noqa: SLF001
+        outcome = attempt_outcome(cb, exc, own_timeout=own_timeout)
+        cb._settle(ticket, outcome, exc)  # noqa: SLF001
 
     async def asettle(
         self,
@@ -95,7 +96,7 @@ class BreakerStage:
         """`settle`, awaiting async listeners."""
         cb = self.breaker
         outcome = attempt_outcome(cb, exc, own_timeout=own_timeout)
-        await cb._asettle(ticket, outcome)  # noqa: SLF001
+        await cb._asettle(ticket, outcome, exc)  # noqa: SLF001
 
     def release(self, ticket: BreakerPermit) -> None:
         """Release the permit without counting."""
@@ -122,7 +123,7 @@ class BreakerStage:
             if exc is None
             else attempt_outcome(cb, exc, own_timeout=False)
         )
-        cb._settle_closed(*ticket, outcome)  # noqa: SLF001
+        cb._settle_closed(*ticket, outcome, exc)  # noqa: SLF001
 
     async def afast_settle(
         self, ticket: tuple[int, float], exc: BaseException | None
@@ -137,7 +138,7 @@ class BreakerStage:
             if exc is None
             else attempt_outcome(cb, exc, own_timeout=False)
         )
-        await cb._asettle_closed(*ticket, outcome)  # noqa: SLF001
+        await cb._asettle_closed(*ticket, outcome, exc)  # noqa: SLF001
 
     def fast_drop(self, ticket: tuple[int, float]) -> None:
         """Nothing to give back: a closed ticket holds nothing."""

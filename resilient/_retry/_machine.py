@@ -12,66 +12,42 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Final, final
 
 from resilient._core import _settings, _state
 from resilient._core._clock import MonotonicClock
-from resilient._core._decisions import GiveUp, GiveUpReason, Retry, RetryEvent
+from resilient._core._decisions import (
+    DelaySource,
+    GiveUp,
+    GiveUpReason,
+    Retry,
+    RetryEvent,
+)
 from resilient._core._hints import default_retry_after
-from resilient._core._transient import http_status
+from resilient._core._transient import every_leaf, http_status
+from resilient._retry._notes import WrongShell, note
+from resilient._retry._records import may_repeat, new_event, new_retry
 from resilient.exceptions import CircuitOpen, Rejected
 
 
 if TYPE_CHECKING:
     import random
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from resilient._policy import Policy  # For type checkers only.
     from resilient._retry_budget import RetryBudget
     from resilient.typing import Clock
 
 
+# WrongShell and note (from _notes) are imported from here too.
+__all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
+
 log: Final = logging.getLogger("resilient")
-
-
-# The machine's records made without attrs' frozen __init__ (one
-# object.__setattr__ call per field, about half the cost of a retry's
-# bookkeeping): each field stored through its slot descriptor, once, on a
-# new object; the records are as frozen as attrs makes them.
-_new: Final = object.__new__
-_EVENT_SLOTS: Final = tuple(
-    RetryEvent.__dict__[name].__set__
-    for name in (
-        "policy",
-        "attempt",
-        "elapsed",
-        "delay",
-        "exception",
-        "result",
-        "reason",
-    )
-)
-_RETRY_SLOTS: Final = tuple(
-    Retry.__dict__[name].__set__ for name in ("delay", "event")
-)
-
-
-def _retry(delay: float, event: RetryEvent) -> Retry:
-    """``Retry(delay, event)``, made faster (see `_EVENT_SLOTS`)."""
-    step = _new(Retry)
-    set_delay, set_event = _RETRY_SLOTS
-    set_delay(step, delay)
-    set_event(step, event)
-    return step
 
 
 # What the machine reads of a policy (imported for the protocol's sake: it
 # is the API this layer is written against).
 RetrySettings = _settings.RetrySettings
-
-
-class WrongShell(TypeError):
-    """A sync function under an async call or the reverse: never retried."""
 
 
 @final
@@ -113,6 +89,7 @@ class RetryMachine:
         "_now",
         "_previous",
         "_rejections",
+        "_source",
         "_testing",
         "admission_wait",
         "attempt",
@@ -159,6 +136,7 @@ class RetryMachine:
         """When the wait of the last `Retry` ends, on *clock*."""
         self._previous = 0.0
         self._rejections = 0
+        self._source: DelaySource = "backoff"
         testing = _state.testing
         self._testing = testing.active
         limit = policy.attempts if policy.attempts is not None else math.inf
@@ -187,14 +165,15 @@ class RetryMachine:
         if self._accepts(exc):
             return True
         if isinstance(exc, ExceptionGroup):
-            leaves = list(_leaves(exc))
-            return bool(leaves) and all(
-                isinstance(leaf, Exception)
-                and not isinstance(leaf, WrongShell)
-                and self._accepts(leaf)
-                for leaf in leaves
-            )
+            return every_leaf(exc, self._accepts_leaf)
         return False
+
+    def _accepts_leaf(self, leaf: BaseException) -> bool:
+        return (
+            isinstance(leaf, Exception)
+            and not isinstance(leaf, WrongShell)
+            and self._accepts(leaf)
+        )
 
     def _accepts(self, exc: Exception) -> bool:
         retry_on = self.policy.retry_on
@@ -223,33 +202,59 @@ class RetryMachine:
         *own_timeout* says *exc* is the policy's own attempt timeout: it
         is retried whatever *retry_on* says.
         """
+        attempt = self.attempt
+        decision = self.decide_error(exc, own_timeout=own_timeout)
+        if isinstance(decision, str):
+            return GiveUp(
+                decision, self._event(exc, None, None, decision, attempt)
+            )
+        return new_retry(
+            decision, self._retry_event(exc, None, decision, attempt)
+        )
+
+    def decide_error(
+        self,
+        exc: BaseException,
+        own_timeout: bool = False,  # Positional too: the simulator calls it.
+        transient: bool | None = None,
+    ) -> float | GiveUpReason:
+        """
+        `on_error` without its records: the delay of the retry (a number),
+        or why it gives up (a `GiveUpReason`, a str). For a driver that
+        reads neither the event nor its hooks (the simulator): the same
+        decision, and the same state changes, for less.
+
+        *transient*, when not None, is what *retry_on* says of *exc*,
+        already asked (a driver that raises the same error objects asks
+        once).
+        """
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
         if not isinstance(exc, Exception):
-            return self._give_up("not_retryable", exc, None)
+            return "not_retryable"
         policy = self.policy
-        retry_on = policy.retry_on
-        if not (
-            own_timeout
-            # `is_transient`'s answer for a listed class, without its
-            # frames (the common case of a retry).
-            or (
-                type(retry_on) is tuple
-                and isinstance(exc, retry_on)
-                and not isinstance(exc, WrongShell)
-            )
-            or self.is_transient(exc)
-        ):
-            return self._give_up("not_retryable", exc, None)
-        if (
-            policy.retry_after is default_retry_after
+        if not own_timeout:
+            if transient is None:
+                retry_on = policy.retry_on
+                # `is_transient`'s answer for a listed class, without its
+                # frames (the common case of a retry).
+                transient = (
+                    type(retry_on) is tuple
+                    and isinstance(exc, retry_on)
+                    and not isinstance(exc, WrongShell)
+                ) or self.is_transient(exc)
+            if not transient:
+                return "not_retryable"
+        reader = policy.retry_after
+        if reader is None or (
+            reader is default_retry_after
             and type(exc).__module__ == "builtins"
             and not exc.__dict__
         ):
-            # The default reader's own answer for a plain built-in
-            # exception (no hint), without its frames.
-            return self._next(exc, None, None)
-        return self._next(exc, None, self._hint(exc))
+            # No reader, or the default reader's own answer for a plain
+            # built-in exception (no hint), without its frames.
+            return self._next(None)
+        return self._next(self._hint(exc))
 
     def _hint(self, exc: Exception) -> float | None:
         reader = self.policy.retry_after
@@ -271,7 +276,9 @@ class RetryMachine:
             return None
         return hint
 
-    def _outwait(self, exc: Rejected, retry_after: float) -> Retry | GiveUp:
+    def _outwait(
+        self, exc: Rejected, retry_after: float
+    ) -> float | GiveUpReason:
         """
         A stage rejected the attempt before it reached the dependency:
         wait until the stage may admit it, plus this call's own jitter so
@@ -289,19 +296,20 @@ class RetryMachine:
         )
         self._rejections += 1
         if self._testing:
-            return self._give_up(reason, exc, None)
+            return reason
         if self._rejections > self._max_attempts:
-            return self._give_up("attempts", exc, None)
+            return "attempts"
         spread = self._spread(retry_after if retry_after > 0 else 0.0)
         backoff = self._backoff()
         if backoff is None:
-            return self._give_up("backoff_error", exc, None)
+            return "backoff_error"
         wait = spread + backoff
         now = self._now()
         if now + wait >= self.deadline:
-            return self._give_up(reason, exc, None)
+            return reason
         self.wake = now + wait
-        return _retry(wait, self._event(exc, None, wait, None))
+        self._source = "admission"
+        return wait
 
     def _spread(self, wait: float) -> float:
         """
@@ -358,7 +366,23 @@ class RetryMachine:
             return None
         if not retry:
             return None
-        return self._next(None, value, self._result_hint(value))
+        attempt = self.attempt
+        decision: float | GiveUpReason
+        if http_status(value) is not None and not self._may_repeat(value):
+            decision = "not_retryable"
+        else:
+            decision = self._next(self._result_hint(value))
+        if isinstance(decision, str):
+            return GiveUp(
+                decision, self._event(None, value, None, decision, attempt)
+            )
+        return new_retry(
+            decision, self._retry_event(None, value, decision, attempt)
+        )
+
+    def _may_repeat(self, response: object) -> bool:
+        """Whether the request *response* answered may be sent again."""
+        return may_repeat(self.policy, response)
 
     def _result_hint(self, value: object) -> float | None:
         """A response's own ``Retry-After``, read with the default reader
@@ -371,20 +395,22 @@ class RetryMachine:
             return None
         return self._hint(value)  # type: ignore[arg-type]
 
-    def _next(
-        self, exc: Exception | None, result: object, hint: float | None
-    ) -> Retry | GiveUp:
+    def _next(self, hint: float | None) -> float | GiveUpReason:
+        """The delay of the next retry, or why there is none."""
         if self.attempt >= self._max_attempts:
-            return self._give_up("attempts", exc, result)
-        if self._testing:
-            delay = 0.0
-        elif hint is not None:
-            delay = min(hint, self.policy.max_retry_after)
+            return "attempts"
+        source: DelaySource
+        if hint is not None:
+            cap = self.policy.max_retry_after
+            source = "hint_capped" if hint > cap else "hint"
+            delay = 0.0 if self._testing else min(hint, cap)
+        elif self._testing:
+            delay, source = 0.0, "backoff"
         else:
             backoff = self._backoff()
             if backoff is None:
-                return self._give_up("backoff_error", exc, result)
-            delay = backoff
+                return "backoff_error"
+            delay, source = backoff, "backoff"
         # Never retry into a stage that will not admit: wait until it may,
         # then this call's backoff on top, so the fleet spreads out.
         blocked = False
@@ -392,21 +418,20 @@ class RetryMachine:
             wait = self.admission_wait()
             if wait > 0:
                 delay, blocked = self._spread(wait) + delay, True
+                source = "admission"
         # Never start a wait that ends at or past the deadline: the attempt
         # after it would have no time left.
         now = self._now()
         if now + delay >= self.deadline:
-            return self._give_up(
-                "breaker_open" if blocked else self._late(), exc, result
-            )
+            return "breaker_open" if blocked else self._late()
         budget = self.retry_budget
         if budget is not None and not budget.try_acquire_retry():
-            return self._give_up("retry_budget", exc, result)
-        event = self._event(exc, result, delay, None)
+            return "retry_budget"
+        self._source = source
         self._previous = delay
         self.attempt += 1
         self.wake = now + delay
-        return _retry(delay, event)
+        return delay
 
     def _late(self) -> GiveUpReason:
         return "budget" if self.deadline == self._budget_end else "deadline"
@@ -420,13 +445,28 @@ class RetryMachine:
         now = self._now()
         if now >= self.deadline:
             event = step.event
+            # The retry *step* counted will not start.
+            self.attempt = event.attempt
             return self._give_up(self._late(), event.exception, event.result)
         return max(0.0, min(self.wake, self.deadline) - now)
 
     def _give_up(
         self, reason: GiveUpReason, exc: BaseException | None, result: object
     ) -> GiveUp:
-        return GiveUp(reason, self._event(exc, result, None, reason))
+        return GiveUp(
+            reason, self._event(exc, result, None, reason, self.attempt)
+        )
+
+    def _retry_event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float,
+        attempt: int,
+    ) -> RetryEvent:
+        return self._record(
+            exc, result, delay, None, attempt, source=self._source
+        )
 
     def _event(
         self,
@@ -434,45 +474,27 @@ class RetryMachine:
         result: object,
         delay: float | None,
         reason: GiveUpReason | None,
+        attempt: int,
     ) -> RetryEvent:
-        event = _new(RetryEvent)
-        policy, attempt, elapsed, delay_, exception, result_, reason_ = (
-            _EVENT_SLOTS
+        return self._record(exc, result, delay, reason, attempt, source=None)
+
+    def _record(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float | None,
+        reason: GiveUpReason | None,
+        attempt: int,
+        *,
+        source: DelaySource | None,
+    ) -> RetryEvent:
+        return new_event(
+            self.policy.name,
+            attempt,
+            self._now() - self.start,
+            delay,
+            exc,
+            result,
+            reason,
+            source,
         )
-        policy(event, self.policy.name)
-        attempt(event, self.attempt)
-        elapsed(event, self._now() - self.start)
-        delay_(event, delay)
-        exception(event, exc)
-        result_(event, result)
-        reason_(event, reason)
-        return event
-
-
-def _leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from _leaves(exc)
-        else:
-            yield exc
-
-
-def note(exc: BaseException, step: GiveUp) -> None:
-    """
-    Annotate *exc* with why its call gave up: once per exception object
-    and policy, however often one object is raised again.
-    """
-    e = step.event
-    if step.reason == "not_retryable" and e.attempt == 1:
-        return  # A plain failure of a first attempt: nothing to add.
-    prefix = f"resilient: gave up on {e.policy!r} "
-    notes = getattr(exc, "__notes__", None)
-    if notes is not None and any(
-        isinstance(n, str) and n.startswith(prefix) for n in notes
-    ):
-        return
-    exc.add_note(
-        f"{prefix}after {e.attempt} "
-        f"attempt{'s' if e.attempt != 1 else ''} in {e.elapsed:.3f}s "
-        f"({step.reason.replace('_', ' ')})"
-    )

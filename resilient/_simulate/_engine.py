@@ -31,10 +31,12 @@ heap of a million entries cost 3.4 µs per push and pop here, against
 from __future__ import annotations
 
 import bisect
+import functools
 import gc
 import heapq
 import inspect
 import math
+import operator
 import random
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
@@ -42,7 +44,6 @@ import attrs
 
 from resilient import BreakerState, CircuitOpen, RetryBudget
 from resilient._breaker import _VERDICTS, SUCCESS, Reject, _BreakerMachine
-from resilient._core._decisions import GiveUp
 from resilient._retry import RetryMachine
 from resilient._simulate._config import SimulationConfig
 from resilient._simulate._result import (
@@ -54,6 +55,8 @@ from resilient.testing import use_clock
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resilient import BreakerPermit, BreakerTransition, Policy
 
 
@@ -73,13 +76,13 @@ _OVERLOADED: Final = _OverloadedError("simulated overload")
 class _VirtualClock:
     """The simulation's time, read by every client's `RetryMachine`."""
 
-    __slots__ = ("t",)
+    __slots__ = ("now", "t")
 
     def __init__(self) -> None:
         self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
+        self.now: Callable[[], float] = functools.partial(getattr, self, "t")
+        """The time: ``getattr(self, "t")``, called with no Python frame
+        (every decision of every client reads it)."""
 
     def sleep(self, seconds: float) -> None:
         raise RuntimeError("the simulator's clock never sleeps")
@@ -249,6 +252,7 @@ _Event = tuple[float, int, "int | _Client"]
 _SLOTS_PER_SECOND: Final = 1024.0
 _LAST_SLOT: Final = 2**1000
 """The slot of every event too far away to have a slot of its own."""
+_LAST_SLOT_F: Final = float(_LAST_SLOT)  # Exact: a power of two.
 
 
 def _slot(at: float) -> int:
@@ -311,9 +315,18 @@ class _Calendar:
         self.now_slot = slot = heapq.heappop(self.later)
         self.heap_ops += 1
         events = self.slots.pop(slot)
-        events.sort(reverse=True)
+        # Latest first, as sort(reverse=True) orders the (time, sequence)
+        # pairs, for less: a slot's events were appended in sequence order,
+        # so reversed they are latest first among equal times, and a
+        # stable sort by time alone (on floats, the sort's fast path) keeps
+        # them so.
+        events.reverse()
+        events.sort(key=_time, reverse=True)
         self.current = events
         return True
+
+
+_time: Final = operator.itemgetter(0)
 
 
 def _latest_first(event: _Event) -> tuple[float, int]:
@@ -377,16 +390,24 @@ class _Run:
         during_outage = refused = 0
         last = end = 0.0
         overload_end: float | None = None
-        give_up, insort, heappush = GiveUp, bisect.insort, heapq.heappush
+        insort, heappush = bisect.insort, heapq.heappush
+        decide = RetryMachine.decide_error
+        # What the policy's retry_on says of the dependency's two errors,
+        # asked once (they are the same two objects all run long); a
+        # breaker's CircuitOpen is outwaited before retry_on is asked.
+        probe = RetryMachine(policy, clock, rng, 0.0)
+        down_ok, overloaded_ok = (
+            probe.is_transient(_DOWN),
+            probe.is_transient(_OVERLOADED),
+        )
         while True:
             if not current:
                 if not next_slot():
                     break
                 current, now_slot = calendar.current, calendar.now_slot
-            now, _, what = current[-1]
+            now, _, what = current.pop()
             if now >= stop:
                 break
-            current.pop()
             clock.t = end = now
             if isinstance(what, int):
                 start = times[what]
@@ -426,7 +447,9 @@ class _Run:
                     during_outage += 1
                     error = _DOWN
                 else:
-                    tokens = min(size, tokens + (now - refilled) * capacity)
+                    tokens += (now - refilled) * capacity
+                    if tokens >= size:  # noqa: PLR1730 - min(), without a call
+                        tokens = size
                     refilled = now
                     if tokens >= 1.0:
                         tokens -= 1.0
@@ -448,15 +471,28 @@ class _Run:
             else:
                 refused += 1
             if error is not None:
-                step = machine.on_error(error)
-                if isinstance(step, give_up):
-                    client.end, client.reason = now, step.reason
+                # The machine's decision without its event records, which
+                # nothing here reads.
+                delay = decide(
+                    machine,
+                    error,
+                    False,  # own_timeout (positional: fewer steps)
+                    down_ok
+                    if error is _DOWN
+                    else overloaded_ok
+                    if error is _OVERLOADED
+                    else None,
+                )
+                if isinstance(delay, str):
+                    client.end, client.reason = now, delay
                     continue
-                at = now + step.delay
+                at = now + delay
             # Push (at, seq, client): the calendar's push, inlined.
             seq += 1
             slot = at * _SLOTS_PER_SECOND
-            slot = int(slot) if slot < _LAST_SLOT else _LAST_SLOT
+            # (A float bound: comparing a float with the int 2**1000 costs
+            # a conversion each time.)
+            slot = int(slot) if slot < _LAST_SLOT_F else _LAST_SLOT
             if slot <= now_slot:
                 # Due within the slot being run (a wait under a
                 # millisecond): in its place among the rest.

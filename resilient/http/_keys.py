@@ -8,7 +8,7 @@ import functools
 import uuid
 from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
 
-from resilient._core._decorate import is_async_callable
+from resilient._core._decorate import is_async_callable, keep_defaults
 from resilient._core._transient import IDEMPOTENT_METHODS
 from resilient.exceptions import ConfigTypeError
 
@@ -92,6 +92,7 @@ def idempotent(fn: Callable[P, T], /) -> Callable[P, T]:
             with idempotency_key():
                 return await fn(*args, **kwargs)  # type: ignore[misc,no-any-return]
 
+        keep_defaults(acall, fn)
         return acall  # type: ignore[return-value]
 
     @functools.wraps(fn)
@@ -99,6 +100,7 @@ def idempotent(fn: Callable[P, T], /) -> Callable[P, T]:
         with idempotency_key():
             return fn(*args, **kwargs)
 
+    keep_defaults(call, fn)
     return call
 
 

@@ -9,7 +9,7 @@ fails the check if that error goes away.
 from __future__ import annotations
 
 import datetime as dt
-from typing import assert_type
+from typing import Literal, assert_type
 
 import resilient
 import resilient.testing
@@ -154,6 +154,7 @@ def block() -> int:
             assert_type(entered.remaining(), float)
             value = fetch("u")[0]
             entered.set_result(value)
+        assert_type(attempt.next_wait, float | None)
     return value
 
 
@@ -188,6 +189,10 @@ def log_retry(event: resilient.RetryEvent) -> None:
     assert_type(event.attempt, int)
     assert_type(event.delay, float | None)
     assert_type(event.exception, BaseException | None)
+    assert_type(
+        event.delay_source,
+        Literal["backoff", "hint", "hint_capped", "admission"] | None,
+    )
 
 
 async def alog_retry(event: resilient.RetryEvent) -> None:
@@ -196,6 +201,20 @@ async def alog_retry(event: resilient.RetryEvent) -> None:
 
 resilient.Policy(before_sleep=log_retry, on_give_up=alog_retry)
 resilient.Policy(before_sleep=len)  # type: ignore[arg-type]
+
+
+# Retrying on a result: return the last one, or raise GaveUpOnResult.
+
+raising = resilient.Policy(
+    retry_if_result=resilient.retry_if_status(), last_result="raise"
+)
+assert_type(raising.last_result, Literal["return", "raise"])
+resilient.Policy(last_result="rise")  # type: ignore[arg-type]
+try:
+    raising.call(fetch, "u")
+except resilient.GaveUpOnResult as gave_up:
+    assert_type(gave_up.result, object)
+    assert_type(gave_up.attempts, int)
 
 
 # Server hints.
@@ -226,6 +245,8 @@ assert_type(payments_breaker.state, resilient.BreakerState)
 assert_type(payments_breaker.retry_after(), float)
 assert_type(payments_breaker.statistics(), resilient.BreakerStatistics)
 resilient.breaker("payments", resilient.BreakerConfig())
+resilient.breaker("shadow", resilient.BreakerConfig(metrics_only=True))
+resilient.BreakerConfig(metrics_only="yes")  # type: ignore[arg-type]
 resilient.breaker("payments", resilient.Policy())  # type: ignore[arg-type]
 
 
@@ -379,8 +400,13 @@ assert_type(
 def _rejections(exc: resilient.Rejected) -> None:
     assert_type(exc.retry_after, float | None)
     if isinstance(exc, resilient.CircuitOpen):
-        opened: resilient.Rejected = exc
-        assert_type(opened.retry_after, float | None)
+        assert_type(exc.retry_after, float)  # A breaker always knows.
+        assert_type(exc.opened_by, BaseException | None)
+        assert_type(exc.state, str)
+
+
+def _transition(event: resilient.BreakerTransition) -> None:
+    assert_type(event.opened_by, BaseException | None)
 
 
 def _lowlevel() -> None:

@@ -1,0 +1,413 @@
+"""
+The lease a held lock hands out, shared by the sync and async shells.
+
+A `Lease` is what ``with resilient.lock(...)`` gives: the fencing token, the
+checks (`Lease.checkpoint`), renewing and releasing by hand. Also here: the
+record of which thread or task holds which lock in this process (to refuse
+a same-holder second acquire, and to release at exit what nobody can still
+use), and the acquisition's span.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Final, final
+
+from resilient import _timeout
+from resilient._backends import ReleaseResult, Renewal
+from resilient._core import _clock, _telemetry
+from resilient._lock._machine import LeaseState
+from resilient.exceptions import LockLost
+
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from resilient._backends import AsyncLockBackend, LockBackend, LockKey
+    from resilient._lock._hold import Hold
+    from resilient._lock._lock import Lock
+    from resilient._lock._machine import LeaseRecord
+    from resilient._lock._renewer import TaskRenewer, ThreadRenewer
+
+
+log: Final = logging.getLogger("resilient")
+
+#: Longest wait for a release to be answered in async code, in seconds,
+#: shielded from the cancellation that may be ending the block.
+RELEASE_TIMEOUT: Final = 5.0
+
+# (url, key digest) -> the lease this process holds; its holder is a thread
+# id, or a task ("task", id). To refuse a same-holder second acquire, and
+# to release at exit the leases no thread can still be using. Read and
+# written as single dict operations (atomic); a conditional delete takes
+# the lock.
+HOLDERS: dict[tuple[str, bytes], Lease] = {}
+HOLDERS_LOCK: Final = threading.Lock()
+
+
+def claim(lock: Lock, me: object) -> None:
+    """Refuse a second acquire of *lock* by the thread or task *me*."""
+    held = HOLDERS.get(lock.holder_key)
+    if held is not None and held._holder == me:  # noqa: SLF001
+        who = "thread" if isinstance(me, int) else "task"
+        raise RuntimeError(
+            f"lock {lock.key.shown!r} is already held by this {who}: "
+            "locks are not reentrant, and waiting for it here would "
+            "wait for ever"
+        )
+
+
+# -- the acquisition's span --------------------------------------------------
+
+
+def start_span(key: LockKey, scheme: str) -> Span | None:
+    """The span of one acquisition, or None when telemetry is off."""
+    if _telemetry.disabled():
+        return None
+    tracer, _ = _telemetry.TELEMETRY.resolve()
+    if tracer is None:
+        return None
+    return tracer.start_span(
+        "resilient.lock",
+        attributes={
+            "resilient.lock.name": key.shown,
+            "resilient.lock.backend": scheme,
+        },
+    )
+
+
+def end_span(
+    span: Span | None, outcome: str | None = None, *, error: bool = False
+) -> None:
+    """End *span* (if any) with *outcome*."""
+    if span is None:
+        return
+    from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
+
+    if outcome is not None:
+        span.set_attribute("resilient.lock.outcome", outcome)
+    span.set_status(
+        Status(StatusCode.ERROR, outcome) if error else Status(StatusCode.OK)
+    )
+    span.end()
+
+
+@final
+class Lease:
+    """
+    A held lock: what ``with resilient.lock(...)`` gives.
+
+    The process's renewer keeps the lease alive while it is held. Check
+    `checkpoint` before each step that must not run without the lock, and
+    pass `token` to the resource so it can refuse stale writers
+    (`resilient.fenced_update`).
+
+    Never shows the owner token: not in its repr, its errors or its spans.
+
+    .. versionadded:: 26.11.0
+    """
+
+    __slots__ = (
+        "_backend",
+        "_holder",
+        "_library",
+        "_lock",
+        "_record",
+        "_released",
+        "_renewer",
+        "_scope",
+        "_span",
+        "waited",
+    )
+
+    def __init__(  # noqa: PLR0917
+        self,
+        lock: Lock,
+        record: LeaseRecord,
+        backend: LockBackend | AsyncLockBackend,
+        renewer: ThreadRenewer | TaskRenewer,
+        span: Span | None,
+        holder: object,
+        waited: float,
+        library: str | None,
+    ) -> None:
+        self._lock = lock
+        self._record = record
+        self._backend = backend
+        self._renewer = renewer
+        self._span = span
+        self._holder = holder
+        self._library = library
+        self._released: ReleaseResult | None = None
+        self._scope: _timeout.TimeoutScope | None = None
+        self.waited = waited
+        """Seconds spent acquiring it."""
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else self._record.state.value
+        return (
+            f"<Lease {self._lock.key.shown!r} token={self.token} {state}, "
+            f"valid for {self.valid_for():.3f} s>"
+        )
+
+    @property
+    def name(self) -> str:
+        """The lock's name."""
+        return self._lock.name
+
+    @property
+    def token(self) -> int:
+        """
+        The fencing token: strictly greater than the token of every earlier
+        grant of this lock's name. Hand it to the resource with each write.
+        """
+        return self._record.fence
+
+    @property
+    def held(self) -> bool:
+        """Whether the lease is still ours (on our clock; not released)."""
+        return self._record.check(_clock.get_clock().now())
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was lost (not merely released)."""
+        self._record.check(_clock.get_clock().now())
+        return self._record.state is LeaseState.LOST
+
+    def valid_for(self) -> float:
+        """
+        Seconds the lease stays ours on our clock if no renewal succeeds
+        (0.0 once lost or released): the most any step may take.
+        """
+        if not self.held:
+            return 0.0
+        return max(self._record.valid_until - _clock.get_clock().now(), 0.0)
+
+    @property
+    def expires_in(self) -> float:
+        """`valid_for`, as a property."""
+        return self.valid_for()
+
+    def checkpoint(self) -> None:
+        """
+        Raise `LockLost` if the lease is gone; return if it is still ours.
+
+        Raises:
+            LockLost: The lease was lost (or released).
+        """
+        if not self.held:
+            raise self._lost_error()
+
+    def _lost_error(self) -> LockLost:
+        return LockLost(
+            self._lock.key.shown, self.token, self._record.reason or "released"
+        )
+
+    def _lost_now(self) -> bool:
+        """
+        At the end of the block: whether the lease is lost, checked now; if
+        it is, its scope is cancelled with `LockLost` (a no-op if it was
+        already, and the first reason stays).
+        """
+        record = self._record
+        if record.state is LeaseState.HELD and (
+            _clock.get_clock().now() < record.valid_until
+        ):
+            return False  # Held: the common case, without `lost`'s calls.
+        if self.lost:
+            self._cancel_block()
+            return True
+        return False
+
+    def _cancel_if_lost(self) -> None:
+        """
+        Once the block's scope is set: cancel it if the lease was lost
+        before (the loss's callback found no scope then).
+        """
+        if self._record.state is LeaseState.LOST:
+            self._cancel_block()
+
+    def _cancel_block(self) -> None:
+        """
+        The lease is lost (the record's callback, from any thread): cancel
+        its block's scope with `LockLost`, if the block has one yet.
+        """
+        scope = self._scope
+        if scope is not None:
+            scope.cancel(self._lost_error())
+
+    # -- renewing by hand ----------------------------------------------------
+
+    def renew(self) -> bool:
+        """
+        Renew now, without waiting for the renewer (sync backends); whether
+        the store renewed it. A lease the store no longer has is lost.
+
+        Raises:
+            LockLost: The store said the lease is not ours.
+        """
+        backend: LockBackend = self._backend  # type: ignore[assignment]
+        sent = self._renewing()
+        return self._renewed(sent, backend.renew([self._request()]))
+
+    async def arenew(self) -> bool:
+        """`renew` for async code."""
+        backend: AsyncLockBackend = self._backend  # type: ignore[assignment]
+        sent = self._renewing()
+        return self._renewed(sent, await backend.renew([self._request()]))
+
+    def _renewing(self) -> float:
+        self.checkpoint()
+        return _clock.get_clock().now()
+
+    def _request(self) -> Renewal:
+        record = self._record
+        return Renewal(self._lock.key, record.owner, record.config.ttl)
+
+    def _renewed(self, sent: float, ok: Any) -> bool:
+        if ok and ok[0]:
+            self._record.renewed(sent, self._record.config.ttl)
+            return True
+        self._record.lose("gone")
+        raise self._lost_error()
+
+    # -- holding and releasing -----------------------------------------------
+
+    def _start(self) -> None:
+        """Record the holder and start renewing; `_let_go` undoes it."""
+        HOLDERS[self._lock.holder_key] = self
+        self._renewer.add(self._record)
+        span = self._span
+        if span is not None:
+            span.set_attributes(
+                {
+                    "resilient.lock.fence": self.token,
+                    "resilient.lock.waited": self.waited,
+                    "resilient.lock.outcome": "acquired",
+                }
+            )
+
+    def _let_go(self) -> bool:
+        """
+        Stop renewing and forget the holder; whether a release should be
+        sent (not for a forked child's copy). Safe to repeat.
+        """
+        record = self._record
+        record.released()
+        self._renewer.remove(record)
+        key = self._lock.holder_key
+        if HOLDERS.get(key) is self:
+            with HOLDERS_LOCK:
+                if HOLDERS.get(key) is self:
+                    del HOLDERS[key]
+        return record.reason != "forked"
+
+    def _settled(self, result: ReleaseResult) -> ReleaseResult:
+        self._released = result
+        if result is ReleaseResult.UNKNOWN:
+            log.warning(
+                "lock %r: the release got no answer; the lease is left to "
+                "expire within %.3f s",
+                self._lock.key.shown,
+                self._record.config.ttl,
+            )
+            if self._span is not None:
+                self._span.add_event("resilient.lock.release_unknown")
+        span, self._span = self._span, None
+        if span is not None:
+            end_span(span, result.value, error=result is ReleaseResult.UNKNOWN)
+        return result
+
+    def _to_release(self) -> ReleaseResult | None:
+        """
+        The answer of a release that sends nothing (already released, or a
+        forked child's copy), or None: send it.
+        """
+        done = self._released
+        if done is not None and done is not ReleaseResult.UNKNOWN:
+            return done
+        if not self._let_go():
+            return self._settled(ReleaseResult.NOT_HELD)
+        return None
+
+    def release(self) -> ReleaseResult:
+        """
+        Release the lock now (a compare-and-delete on our owner token);
+        leaving the block then does nothing more. Harmless to repeat: after
+        `ReleaseResult.UNKNOWN` (no answer) it sends the release again.
+
+        Never raises for a store that cannot be reached: the lease is left
+        to expire, a log line and a span event say so, and the result is
+        `ReleaseResult.UNKNOWN`.
+        """
+        done = self._to_release()
+        if done is not None:
+            return done
+        backend: LockBackend = self._backend  # type: ignore[assignment]
+        try:
+            result = backend.release(self._lock.key, self._record.owner)
+        except Exception:  # noqa: BLE001 - no answer: left to expire
+            result = ReleaseResult.UNKNOWN
+        return self._settled(result)
+
+    async def arelease(self) -> ReleaseResult:
+        """
+        `release` for async code; shielded from cancellation and bounded by
+        `RELEASE_TIMEOUT` seconds.
+        """
+        done = self._to_release()
+        if done is not None:
+            return done
+        import anyio  # noqa: PLC0415
+
+        backend: AsyncLockBackend = self._backend  # type: ignore[assignment]
+        result = ReleaseResult.UNKNOWN
+        try:
+            with anyio.move_on_after(RELEASE_TIMEOUT, shield=True):
+                result = await backend.release(
+                    self._lock.key, self._record.owner
+                )
+        except Exception:  # noqa: BLE001 - no answer: left to expire
+            result = ReleaseResult.UNKNOWN
+        return self._settled(result)
+
+
+# -- the block's cancel scope (both shells) ---------------------------------
+
+
+def open_block(lock: Lock, hold: Hold | None, lease: Lease) -> None:
+    """
+    Enter the cancel scope of *lease*'s block, which the loss cancels with
+    `LockLost`. The lease and its scope are recorded first (in the ``with``
+    statement's *hold*, or the lock's context entries), so that an
+    interrupt anywhere from here on still finds them to clean up.
+    """
+    scope = lease._scope = _timeout.TimeoutScope(  # noqa: SLF001
+        seconds=None, at=None, interrupt=False
+    )
+    if hold is not None:
+        hold.entry = (lease, scope)
+    else:
+        lock.record_entry(lease, scope)
+    # A plain ``with`` scope in async code too: it is an anyio cancel scope
+    # there, and entering it awaits nothing.
+    scope.__enter__()
+    lease._cancel_if_lost()  # noqa: SLF001
+
+
+def shut_block(lease: Lease) -> None:
+    """Leave *lease*'s block scope if it is still entered (cleaning up)."""
+    scope = lease._scope  # noqa: SLF001
+    if scope is not None and scope._state == "entered":  # noqa: SLF001
+        scope.__exit__(None, None, None)
+
+
+__all__ = [
+    "HOLDERS",
+    "RELEASE_TIMEOUT",
+    "Lease",
+    "claim",
+    "open_block",
+    "shut_block",
+]
