@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextvars
 import gc
 import math
+import random
 import signal
+import sys
 import threading
 
 import pytest
@@ -108,3 +110,72 @@ def test_main_thread_interrupts_survive_a_storm() -> None:
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert _clock._SCOPE.get() is None
     assert _clock.current_deadline() == math.inf
+
+
+@untraced
+def test_decorated_functions_leave_no_deadline_behind() -> None:
+    """
+    3,000 asynchronous exceptions into 3 threads calling plain functions
+    under a policy (timeout, bulkhead, breaker; some retried, some failing,
+    some bare): afterwards each thread's deadline is back to none, and no
+    flow was closed in another thread ("created in a different Context").
+    """
+    policy = resilient.Policy(
+        name="storm-deadline",
+        attempts=2,
+        backoff=resilient.Constant(0),
+        timeout=5.0,
+        retry_on=(ConnectionError,),
+        bulkhead=resilient.BulkheadConfig(max_concurrent=2, max_wait=0),
+        breaker=resilient.BreakerConfig(
+            minimum_calls=10**6, half_open_probes=2
+        ),
+    )
+    bare = resilient.Policy(
+        name="storm-deadline-bare",
+        attempts=2,
+        backoff=resilient.Constant(0),
+        budget=30.0,
+        retry_on=(ConnectionError,),
+    )
+    rng = random.Random(4)
+
+    def call(fail: int) -> int:
+        if fail == 1:
+            raise ConnectionError
+        resilient.checkpoint()
+        return 1
+
+    timed, untimed = policy(call), bare(call)
+
+    def body() -> None:
+        try:  # noqa: SIM105 - no context manager's exit for a storm to hit
+            (timed if rng.random() < 0.5 else untimed)(rng.randrange(3))
+        except (resilient.BulkheadFull, ConnectionError):
+            pass
+
+    left: list[float] = []
+
+    def finish() -> None:
+        if resilient.remaining() != math.inf:
+            left.append(resilient.remaining())
+
+    unraisable: list[BaseException | None] = []
+    hook, sys.unraisablehook = (
+        sys.unraisablehook,
+        lambda u: unraisable.append(u.exc_value),
+    )
+    gc.collect()
+    gc.disable()  # No finalizer of another test's garbage mid-storm.
+    try:
+        result = storm(
+            body, exceptions=3_000, threads=3, seed=5, finish=finish
+        )
+    finally:
+        gc.enable()
+        sys.unraisablehook = hook
+    result.check()
+    assert left == [], "a thread kept a call's deadline"
+    assert not [e for e in unraisable if "different Context" in str(e)], (
+        unraisable
+    )

@@ -24,6 +24,9 @@ from resilient.exceptions import (
 )
 
 
+_LOST: Final = object()
+"""An attempt's context being attached: its token may be lost."""
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -330,6 +333,7 @@ class CallRecorder:
         "_name",
         "_open",
         "_outside",
+        "_prior",
         "_span",
         "_token",
         "_tracer",
@@ -353,6 +357,7 @@ class CallRecorder:
         self._token: object = None
         self._call_token: object = None
         self._outside: otel_context.Context | None = None
+        self._prior: otel_context.Context | None = None
         if tracer is not None:
             self._span = tracer.start_span(policy, attributes=self._labels)
             self._ctx = otel_trace.set_span_in_context(self._span)
@@ -383,6 +388,11 @@ class CallRecorder:
         """Open the attempt's span and make it current."""
         self._open = True
         if self._tracer is not None:
+            # An asynchronous exception can land between the attach and the
+            # store of its token: _LOST says so, and `attempt_ended` then
+            # makes the context it replaced current again.
+            self._prior = otel_context.get_current()
+            self._token = _LOST
             self._attempt = self._tracer.start_span(
                 f"{self._name} attempt",
                 context=self._ctx,
@@ -410,7 +420,11 @@ class CallRecorder:
         span, self._attempt = self._attempt, None
         if span is None:
             return
-        otel_context.detach(self._token)  # type: ignore[arg-type]
+        token, self._token = self._token, None
+        if token is _LOST:  # pragma: no cover - only an asynchronous exception
+            otel_context.attach(self._prior)  # type: ignore[arg-type]
+        elif token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
         if exc is not None:
             if rejected:
                 span.update_name(f"{self._name} rejected")

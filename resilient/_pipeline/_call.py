@@ -35,6 +35,8 @@ log: Final = logging.getLogger("resilient")
 _RETRY_LOG: Final = _logging.RETRY
 _RETRY_LEVEL: Final = _logging.RETRY_LEVEL
 _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
+_LOST: Final = object()
+"""A token being set: its value is current, the token may be lost."""
 
 
 @final
@@ -50,6 +52,7 @@ class Call:
         "_deadline",
         "_machine",
         "_outer",
+        "_prior",
         "_rec",
         "_start",
         "_token",
@@ -80,6 +83,8 @@ class Call:
         self._machine: RetryMachine | None = None
         self._rec: CallRecorder | None = recorder(policy.name)
         self._token: Any = None
+        self._prior = math.inf
+        """The deadline `enter_deadline` or `start_attempt` replaced."""
         self._at = math.nan
         self.own_timeout = False
         """Whether the attempt's deadline is the policy's timeout (not the
@@ -119,14 +124,21 @@ class Call:
     def enter_deadline(self) -> None:
         """Make the call's deadline current (admission waits, hooks), and
         its span."""
+        # An asynchronous exception can land between the set and the store
+        # of its token: _LOST says so, and `exit_deadline` then puts the
+        # replaced value back.
+        self._prior = _DEADLINE.get()
+        self._token = _LOST
         self._token = _DEADLINE.set(self._deadline)
         if self._rec is not None:
             self._rec.enter()
 
     def exit_deadline(self) -> None:
-        """Undo `enter_deadline` (idempotent)."""
+        """Undo `enter_deadline` or `start_attempt` (idempotent)."""
         token, self._token = self._token, None
-        if token is not None:
+        if token is _LOST:
+            _DEADLINE.set(self._prior)
+        elif token is not None:
             _DEADLINE.reset(token)
         if self._rec is not None:
             self._rec.exit()
@@ -140,6 +152,9 @@ class Call:
             at = self.machine.attempt_deadline()
             self.own_timeout = at < self._deadline
         self._at = at
+        # `enter_deadline`, inline: one frame less per attempt.
+        self._prior = _DEADLINE.get()
+        self._token = _LOST
         self._token = _DEADLINE.set(at)
         return at
 
@@ -147,7 +162,9 @@ class Call:
         """Undo `start_attempt`; end the span, recording *exc*."""
         # `exit_deadline`, inline: one frame less per attempt.
         token, self._token = self._token, None
-        if token is not None:
+        if token is _LOST:
+            _DEADLINE.set(self._prior)
+        elif token is not None:
             _DEADLINE.reset(token)
         if self._rec is not None:
             self._rec.attempt_ended(exc)

@@ -127,6 +127,26 @@ async def aperform(call: Call, op: int, arg: Any) -> Any:
     return None
 
 
+def abandon(call: Call, gen: Flow, exc: BaseException) -> None:
+    """
+    An exception outside the flow (an interrupt or a cancellation that
+    landed in a driver between two effects) while it is suspended: throw it
+    in here, in the driver's context, so that the flow undoes what it set
+    (the deadline, spans, tickets) before the exception goes on; a flow
+    dropped instead would be closed wherever it is freed (another thread,
+    another context).
+    """
+    if gen.gi_frame is None:  # type: ignore[attr-defined] # (inspect.getgeneratorstate, faster)
+        return  # The flow raised it: it is over and has cleaned up.
+    try:
+        gen.throw(exc)
+    except BaseException:  # noqa: BLE001, S110 - raised by the driver
+        pass
+    else:
+        gen.close()  # pragma: no cover - only a fallback yields after an error
+    call.abort(exc)  # A flow not started yet: the call's span.
+
+
 def drive(
     call: Call,
     gen: Flow,
@@ -135,34 +155,40 @@ def drive(
     kwargs: dict[str, Any],
 ) -> Any:
     """The sync driver: run *gen* to its end."""
-    sent: Any = None
-    thrown: BaseException | None = None
-    while True:
-        try:
-            if thrown is None:
-                op, arg = gen.send(sent)
-            else:
-                op, arg = gen.throw(thrown)
-                thrown = None
-        except StopIteration as stop:
-            return stop.value
-        if op == RUN:
+    try:
+        # Inside the try: CPython 3.11 raises an exception that lands at
+        # the loop's back edge at the instruction before the loop's start.
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
             try:
-                result = fn(*args, **kwargs)
-                if type(result) is _Coroutine:
-                    raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
+                if thrown is None:
+                    op, arg = gen.send(sent)
+                else:
+                    op, arg = gen.throw(thrown)
+                    thrown = None
+            except StopIteration as stop:
+                return stop.value
+            if op == RUN:
+                try:
+                    result = fn(*args, **kwargs)
+                    if type(result) is _Coroutine:
+                        raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
+                except BaseException as exc:  # noqa: BLE001 - the flow decides
+                    sent = (exc, None)
+                else:
+                    sent = (None, result)
+                continue
+            try:
+                sent = perform(call, op, arg)
             except BaseException as exc:  # noqa: BLE001 - the flow decides
-                sent = (exc, None)
-            else:
-                sent = (None, result)
-            continue
-        try:
-            sent = perform(call, op, arg)
-        except BaseException as exc:  # noqa: BLE001 - the flow decides
-            thrown = exc
+                thrown = exc
+    except BaseException as exc:
+        abandon(call, gen, exc)
+        raise
 
 
-async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine frame less
+async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coroutine frame less
     call: Call,
     gen: Flow,
     fn: Callable[..., Any],
@@ -170,59 +196,65 @@ async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine fra
     kwargs: dict[str, Any],
 ) -> Any:
     """The async driver: run *gen* to its end."""
-    sent: Any = None
-    thrown: BaseException | None = None
-    while True:
-        try:
-            if thrown is None:
-                op, arg = gen.send(sent)
-            else:
-                op, arg = gen.throw(thrown)
-                thrown = None
-        except StopIteration as stop:
-            return stop.value
-        if op == SLEEP and arg[0] <= 0:
-            # A zero wait, inline: a checkpoint, and no aperform frame.
+    try:
+        # Inside the try: CPython 3.11 raises an exception that lands at
+        # the loop's back edge at the instruction before the loop's start.
+        sent: Any = None
+        thrown: BaseException | None = None
+        while True:
             try:
-                await checkpoint()
-            except BaseException as exc:  # noqa: BLE001 - the flow decides
-                thrown = exc
-            else:
-                sent = None
-            continue
-        if op == RUN:
-            if arg == math.inf:
-                # No deadline: nothing to arm.
+                if thrown is None:
+                    op, arg = gen.send(sent)
+                else:
+                    op, arg = gen.throw(thrown)
+                    thrown = None
+            except StopIteration as stop:
+                return stop.value
+            if op == SLEEP and arg[0] <= 0:
+                # A zero wait, inline: a checkpoint, and no aperform frame.
+                try:
+                    await checkpoint()
+                except BaseException as exc:  # noqa: BLE001 - the flow decides
+                    thrown = exc
+                else:
+                    sent = None
+                continue
+            if op == RUN:
+                if arg == math.inf:
+                    # No deadline: nothing to arm.
+                    try:
+                        result = await fn(*args, **kwargs)
+                    except BaseException as exc:  # noqa: BLE001 - the flow decides
+                        sent = (exc, None)
+                    else:
+                        sent = (None, result)
+                    continue
+                clock = call.clock
+                now = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
+                armed = arm(arg - now)
                 try:
                     result = await fn(*args, **kwargs)
                 except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    sent = (exc, None)
+                    failed: BaseException | None = exc
                 else:
-                    sent = (None, result)
+                    failed = None
+                try:
+                    if disarm(armed, failed):
+                        failed = timed_out(arg)
+                except BaseException as exc:  # noqa: BLE001 - the flow decides
+                    failed = exc
+                sent = (None, result) if failed is None else (failed, None)
                 continue
-            clock = call.clock
-            now = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
-            armed = arm(arg - now)
             try:
-                result = await fn(*args, **kwargs)
+                sent = await aperform(call, op, arg)
             except BaseException as exc:  # noqa: BLE001 - the flow decides
-                failed: BaseException | None = exc
-            else:
-                failed = None
-            try:
-                if disarm(armed, failed):
-                    failed = timed_out(arg)
-            except BaseException as exc:  # noqa: BLE001 - the flow decides
-                failed = exc
-            sent = (None, result) if failed is None else (failed, None)
-            continue
-        try:
-            sent = await aperform(call, op, arg)
-        except BaseException as exc:  # noqa: BLE001 - the flow decides
-            thrown = exc
+                thrown = exc
+    except BaseException as exc:
+        abandon(call, gen, exc)
+        raise
 
 
-def call_sync(  # noqa: C901 - the bare first attempt, inline for speed
+def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
     policy: RetrySettings,
     guards: Guards | None,
     fn: Callable[..., Any],
@@ -242,10 +274,11 @@ def call_sync(  # noqa: C901 - the bare first attempt, inline for speed
             budget = policy.budget
             ticket = None if bare is None else bare.fast_admit()
             if bare is None or ticket is not None:
-                token = _DEADLINE.set(
-                    outer if budget is None else min(outer, start + budget)
-                )
+                token = None
                 try:
+                    token = _DEADLINE.set(
+                        outer if budget is None else min(outer, start + budget)
+                    )
                     result = fn(*args, **kwargs)
                     if type(result) is _Coroutine:
                         raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
@@ -260,7 +293,14 @@ def call_sync(  # noqa: C901 - the bare first attempt, inline for speed
                         bare.fast_settle(ticket, None)  # type: ignore[union-attr]
                     return result
                 finally:
-                    _DEADLINE.reset(token)
+                    if (
+                        token is None
+                    ):  # pragma: no cover - only an asynchronous exception
+                        # Lost between the set and its store (an
+                        # asynchronous exception): put the value back.
+                        _DEADLINE.set(outer)
+                    else:
+                        _DEADLINE.reset(token)
                 call = Call(policy, guards, start, outer)
                 return drive(call, flow(call, failed), fn, args, kwargs)
     call = Call(policy, guards)
@@ -305,8 +345,9 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
                 return await adrive(call, gen, fn, args, kwargs)
             ticket = None if bare is None else bare.fast_admit()
             if bare is None or ticket is not None:
-                token = _DEADLINE.set(at)
+                token = None
                 try:
+                    token = _DEADLINE.set(at)
                     armed = None if at == math.inf else arm(at - start)
                     try:
                         result = await fn(*args, **kwargs)
@@ -322,7 +363,12 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
                     except BaseException as exc:  # noqa: BLE001 - settled first
                         failed = exc
                 finally:
-                    _DEADLINE.reset(token)
+                    if (
+                        token is None
+                    ):  # pragma: no cover - only an asynchronous exception
+                        _DEADLINE.set(outer)  # Lost: see call_sync.
+                    else:
+                        _DEADLINE.reset(token)
                 if ticket is not None:
                     await bare.afast_settle(ticket, failed)  # type: ignore[union-attr]
                 if failed is None:

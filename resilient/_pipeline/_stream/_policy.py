@@ -77,9 +77,10 @@ class PolicyStream:
         value)`` when the stream ended at once (returning *value*).
         """
         call, gen = self._flow()
-        sent: Any = None
-        thrown: BaseException | None = None
         try:
+            # Inside the try: see `resilient._pipeline._run.drive`.
+            sent: Any = None
+            thrown: BaseException | None = None
             while True:
                 try:
                     if thrown is None:
@@ -108,9 +109,10 @@ class PolicyStream:
         """`start`, in async code: each attempt is cancelled at its
         deadline."""
         call, gen = self._flow()
-        sent: Any = None
-        thrown: BaseException | None = None
         try:
+            # Inside the try: see `resilient._pipeline._run.drive`.
+            sent: Any = None
+            thrown: BaseException | None = None
             while True:
                 try:
                     if thrown is None:
