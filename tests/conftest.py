@@ -39,17 +39,31 @@ def _storms_log_nowhere(request: pytest.FixtureRequest) -> Iterator[None]:
     resort, as nothing is configured), every retry is a system call where no
     asynchronous exception can land, and a storm that waits for its
     exceptions to land runs for minutes, its spans filling memory.
+
+    The loggers are disabled, not raised in level: `Logger.isEnabledFor`
+    takes the logging module's lock whenever its cache was cleared (pytest
+    sets the root level around every test), and an asynchronous exception
+    landing between that lock's acquire and its ``try`` leaves it held:
+    every thread that logs then hangs (seen: a storm stuck in
+    ``logging._acquireLock``). That is the standard library's, not
+    resilient's, and a disabled logger answers before the lock.
     """
     if request.node.get_closest_marker("storm") is None:
         yield
         return
-    logger = logging.getLogger("resilient")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
+    loggers = [logging.getLogger("resilient")] + [
+        logger
+        for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("resilient.") and isinstance(logger, logging.Logger)
+    ]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for logger, was in zip(loggers, before, strict=True):
+            logger.disabled = was
 
 
 @pytest.fixture
