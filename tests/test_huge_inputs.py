@@ -9,11 +9,14 @@ the scope, and `MonotonicClock.sleep` on a loop's thread used to block it.
 from __future__ import annotations
 
 import math
+import time
 
+import anyio
 import pytest
 
 import resilient
 from resilient import MonotonicClock
+from resilient._core import _loops
 
 
 HUGE = 10**400
@@ -66,11 +69,21 @@ async def test_zero_sleep_on_the_loop_thread_is_allowed(
     anyio_backend: str,
 ) -> None:
     """A zero sleep never blocks, so it is not refused."""
-    MonotonicClock().sleep(0)
+    assert _loops.current_async_library() == anyio_backend  # On the loop.
+    before = time.monotonic()
+    assert MonotonicClock().sleep(0) is None
+    assert time.monotonic() - before < 0.5
 
 
 async def test_async_sleep_on_the_loop_thread_works(
     anyio_backend: str,
 ) -> None:
-    """The async form is what the refusal points to, and it works."""
-    await MonotonicClock().asleep(0)
+    """The async form is what the refusal points to, and it works: even a
+    zero wait is a checkpoint, so a cancelled scope stops at it."""
+    reached = False
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await MonotonicClock().asleep(0)
+        reached = True
+    assert scope.cancelled_caught
+    assert not reached
