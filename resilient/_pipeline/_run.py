@@ -43,7 +43,7 @@ from resilient._timeout._watchdog import FIRED, TASK, arm, checkpoint, disarm
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Generator
 
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._flow import Flow
@@ -136,15 +136,25 @@ def abandon(call: Call, gen: Flow, exc: BaseException) -> None:
     dropped instead would be closed wherever it is freed (another thread,
     another context).
     """
-    if gen.gi_frame is None:  # type: ignore[attr-defined] # (inspect.getgeneratorstate, faster)
-        return  # The flow raised it: it is over and has cleaned up.
+    throw_into(gen, exc)
+    call.abort(exc)  # A flow not started yet: the call's span.
+
+
+def throw_into(gen: Generator[Any, Any, Any], exc: BaseException) -> None:
+    """
+    Throw *exc* into a suspended flow so it undoes what it set, and let
+    the exception that comes out go (the caller raises its own); nothing
+    when the flow is over already (it raised *exc* and cleaned up). The
+    call drivers and the stream drivers share it.
+    """
+    if gen.gi_frame is None:  # type: ignore[attr-defined] # (getgeneratorstate, faster)
+        return
     try:
         gen.throw(exc)
     except BaseException:  # noqa: BLE001, S110 - raised by the driver
         pass
     else:
         gen.close()  # pragma: no cover - only a fallback yields after an error
-    call.abort(exc)  # A flow not started yet: the call's span.
 
 
 def drive(

@@ -7,7 +7,6 @@ stream ends.
 
 from __future__ import annotations
 
-import inspect
 import math
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -17,12 +16,13 @@ from resilient._core import _clock, _registry
 from resilient._pipeline._call import Call, timed_out
 from resilient._pipeline._flow import RUN, SETTLE, flow
 from resilient._pipeline._run import aperform, perform
+from resilient._pipeline._run import throw_into as abandon
 from resilient._pipeline._stream._drive import calm, counted
 from resilient.exceptions import DeadlineExceeded
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Generator
+    from collections.abc import Awaitable, Callable
 
     from resilient._core._settings import RetrySettings
     from resilient._core._telemetry import CallRecorder
@@ -295,19 +295,3 @@ class PolicyStream:
                 await self._guards.asettle(tickets, error, own)  # type: ignore[union-attr]
         finally:
             self._finish(counted(exc))
-
-
-def abandon(gen: Generator[Any, Any, Any], exc: BaseException) -> None:
-    """
-    An exception outside the flow (an interrupt or a cancellation between
-    two of its effects) while it is suspended: throw it in, so that the
-    flow undoes what it set (the deadline, spans, tickets) before it goes
-    on to the consumer.
-    """
-    if inspect.getgeneratorstate(gen) == inspect.GEN_CLOSED:
-        return  # The flow raised it: it is over and has cleaned up.
-    try:
-        gen.throw(exc)
-    except BaseException:  # noqa: BLE001 - raised by the caller
-        return
-    gen.close()  # pragma: no cover - only a fallback yields after an error
