@@ -254,20 +254,24 @@ class TestTheGuardSeam:
         """
         heard: list[tuple[int, bool]] = []
         begun: list[float] = []
+        machines: dict[int, Any] = {}
 
         class OnlyFirstAttempts:
             def begin(self, now: float) -> None:
                 begun.append(now)
 
-            def admit(self, now: float, client: Any) -> Exception | None:
-                if client.machine.attempt == 1:
+            def admit(
+                self, now: float, call: int, machine: Any
+            ) -> Exception | None:
+                machines[call] = machine
+                if machine.attempt == 1:
                     return None
                 return KeyError("refused")
 
             def record(
-                self, now: float, client: Any, error: Exception | None
+                self, now: float, call: int, error: Exception | None
             ) -> None:
-                heard.append((client.machine.attempt, error is None))
+                heard.append((machines[call].attempt, error is None))
 
         monkeypatch.setattr(
             _engine, "_guard", lambda config, clock: OnlyFirstAttempts()
@@ -651,9 +655,8 @@ class TestTheEngineCost:
         times = [0.5, 0.0, 0.5, 1e-9, 3.0, 0.0, 2.0**-10, 1e308, 1e308]
         calendar = _engine._Calendar(times)
         out = []
-        while calendar.current or calendar.next_slot():
-            at, seq, _ = calendar.current.pop()
-            out.append((at, seq))
+        while (events := calendar.next_slot()) is not None:
+            out += events
         assert out == sorted((at, seq) for seq, at in enumerate(times))
 
     def test_waits_under_a_millisecond_keep_their_order(self) -> None:

@@ -51,15 +51,79 @@ def _configs() -> dict[str, sim.SimulationConfig]:
 # name: (succeeded, attempts, refused, during_outage, peak, calls and
 # charts digest, text digest)
 _PINNED: dict[str, tuple[int, int, int, int, tuple[int, float], str, str]] = {
-    "full": (998, 7484, 0, 6486, (3060, 0.0), "33bf7c3861711b83", "28fad0fd2b7d3406"),
-    "exponential": (467, 9035, 0, 5000, (3000, 0.0), "4ea114b986e1f63b", "5512c0c3d2f69707"),
-    "decorrelated-seed-3": (385, 2692, 0, 2307, (657, 0.0), "9e89ee7c682a6a5d", "cb215c131d7cce9a"),
-    "constant-duration": (0, 19339, 0, 19339, (4044, 1.0), "c59774279e09fba6", "2fb698fe0dd396fc"),
-    "breaker-steady": (4935, 8883, 8897, 9, (669, 12.0), "10f10368e51c0656", "8729367b1cf57b2d"),
-    "budget-steady": (2932, 5436, 0, 2504, (1425, 0.0), "bf56fedb3f350b32", "9c1bbbaebee09ac9"),
-    "both-steady": (4390, 5707, 5338, 9, (572, 6.5), "3f5cc0165802ac7b", "69dde7bec74dd99e"),
-    "rate-capacity": (10736, 79331, 0, 68595, (25336, 0.0), "1125dffd718119b8", "af8220c2cae335a9"),
-}  # fmt: skip
+    "full": (
+        998,
+        7484,
+        0,
+        6486,
+        (3060, 0.0),
+        "33bf7c3861711b83",
+        "28fad0fd2b7d3406",
+    ),
+    "exponential": (
+        467,
+        9035,
+        0,
+        5000,
+        (3000, 0.0),
+        "4ea114b986e1f63b",
+        "5512c0c3d2f69707",
+    ),
+    "decorrelated-seed-3": (
+        385,
+        2692,
+        0,
+        2307,
+        (657, 0.0),
+        "9e89ee7c682a6a5d",
+        "cb215c131d7cce9a",
+    ),
+    "constant-duration": (
+        0,
+        19339,
+        0,
+        19339,
+        (4044, 1.0),
+        "c59774279e09fba6",
+        "2fb698fe0dd396fc",
+    ),
+    "breaker-steady": (
+        4935,
+        8883,
+        8897,
+        9,
+        (669, 12.0),
+        "10f10368e51c0656",
+        "8729367b1cf57b2d",
+    ),
+    "budget-steady": (
+        2932,
+        5436,
+        0,
+        2504,
+        (1425, 0.0),
+        "bf56fedb3f350b32",
+        "9c1bbbaebee09ac9",
+    ),
+    "both-steady": (
+        4390,
+        5707,
+        5338,
+        9,
+        (572, 6.5),
+        "3f5cc0165802ac7b",
+        "69dde7bec74dd99e",
+    ),
+    "rate-capacity": (
+        10736,
+        79331,
+        0,
+        68595,
+        (25336, 0.0),
+        "1125dffd718119b8",
+        "af8220c2cae335a9",
+    ),
+}
 
 
 def _digest(result: sim.SimulationResult) -> str:
