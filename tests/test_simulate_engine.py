@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import itertools
 import math
-from typing import Any
 
 import pytest
 
@@ -254,24 +253,24 @@ class TestTheGuardSeam:
         """
         heard: list[tuple[int, bool]] = []
         begun: list[float] = []
-        machines: dict[int, Any] = {}
+        attempts: dict[int, int] = {}
 
         class OnlyFirstAttempts:
             def begin(self, now: float) -> None:
                 begun.append(now)
 
             def admit(
-                self, now: float, call: int, machine: Any
+                self, now: float, call: int, attempt: int
             ) -> Exception | None:
-                machines[call] = machine
-                if machine.attempt == 1:
+                attempts[call] = attempt
+                if attempt == 1:
                     return None
                 return KeyError("refused")
 
             def record(
                 self, now: float, call: int, error: Exception | None
             ) -> None:
-                heard.append((machines[call].attempt, error is None))
+                heard.append((attempts[call], error is None))
 
         monkeypatch.setattr(
             _engine, "_guard", lambda config, clock: OnlyFirstAttempts()
@@ -701,9 +700,9 @@ class TestTheEngineCost:
 
     def test_a_run_stopped_early_makes_no_late_clients(self) -> None:
         """
-        A client is made at its first attempt: with a duration that ends
-        before most calls start, those calls are unfinished with one
-        attempt counted and no end, as before.
+        A call's machine is made at its first failure, never before its
+        start: with a duration that ends before most calls start, those
+        calls are unfinished with one attempt counted and no end, as before.
         """
         result = sim.simulate(
             sim.SimulationConfig(clients=100, spread=10.0, duration=1.0)

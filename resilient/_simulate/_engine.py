@@ -153,8 +153,9 @@ class _Run:
         calls = len(times)
         # The calls, by number: a column each, not an object per call.
         self.machines: list[RetryMachine | None] = [None] * calls
-        """Each call's machine, made at its first attempt (a run stopped
-        by its duration never pays for the calls that had not started)."""
+        """Each call's machine, made at its first failure: a call served at
+        once needs none, and a run stopped by its duration never pays for
+        the calls that had not started."""
         self.ends: list[float | None] = [None] * calls
         self.reasons: list[str | None] = [_NO] * calls
         """Why each call gave up; None once it succeeded."""
@@ -229,19 +230,15 @@ class _Run:
                         guard.record(now, call, None)
                     ends[call], reasons[call] = now, None
                     continue
+                # No machine yet: this is the call's first attempt (its
+                # machine is made at its first failure, below).
                 machine = machines[call]
-                if machine is None:
-                    machine = machines[call] = (
-                        RetryMachine(policy, clock, rng, now)
-                        if budget is None
-                        else RetryMachine(
-                            policy, clock, rng, now, retry_budget=budget
-                        )
-                    )
-                    if guard is not None:
-                        guard.begin(now)
                 if guard is not None:
-                    error = guard.admit(now, call, machine)
+                    if machine is None:
+                        guard.begin(now)
+                    error = guard.admit(
+                        now, call, 1 if machine is None else machine.attempt
+                    )
                     if error is not None:
                         refused += 1
                         transient = None
@@ -285,6 +282,17 @@ class _Run:
                     if error is not None and guard is not None:
                         guard.record(now, call, error)
                 if error is not None:
+                    if machine is None:
+                        # The first failure of the call, at its start: its
+                        # machine is the one its first attempt would have
+                        # made (a call served at once needs none).
+                        machine = machines[call] = (
+                            RetryMachine(policy, clock, rng, now)
+                            if budget is None
+                            else RetryMachine(
+                                policy, clock, rng, now, retry_budget=budget
+                            )
+                        )
                     # The machine's decision without its event records, which
                     # nothing here reads.
                     delay = decide(

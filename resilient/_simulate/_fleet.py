@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from resilient import BreakerPermit, BreakerTransition, Policy
-    from resilient._retry import RetryMachine
     from resilient._simulate._config import SimulationConfig
 
 
@@ -44,15 +43,14 @@ class _Guard(Protocol):
     """
     What a call asks before each attempt and tells after it: the seam for
     the circuit breaker and the retry budget the whole fleet shares. A call
-    is named by its number; *machine* is its `RetryMachine`.
+    is named by its number; *attempt* is the number of its attempt, from
+    1.
     """
 
     def begin(self, now: float) -> None:
         """A call starts: its first attempt is about to be made."""
 
-    def admit(
-        self, now: float, call: int, machine: RetryMachine
-    ) -> Exception | None:
+    def admit(self, now: float, call: int, attempt: int) -> Exception | None:
         """
         None to send the attempt of call number *call*; else the exception
         the call sees instead (the request is not sent).
@@ -92,9 +90,7 @@ class _FleetGuard:
         if self.budget is not None:
             self.budget.record_call()
 
-    def admit(
-        self, now: float, call: int, machine: RetryMachine
-    ) -> Exception | None:
+    def admit(self, now: float, call: int, attempt: int) -> Exception | None:
         breaker = self.breaker
         if breaker is None:
             return None
