@@ -216,6 +216,51 @@ class _Run:
             left -= len(current)
             if left < 0:
                 raise _endless()
+            slot_end = (now_slot + 1.0) / _SLOTS_PER_SECOND  # Exact.
+            if guard is None and slot_end <= outage and slot_end <= stop:
+                # A slot wholly within the outage, without a guard: every
+                # request fails, so count them per slot, not per request.
+                start = now_slot / _SLOTS_PER_SECOND
+                if start >= bucket_end:
+                    index, bucket_end = buckets.at(start)
+                    if index >= len(load):
+                        grow = [0] * (index + 1 - len(load))
+                        load += grow
+                        served += grow
+                if slot_end <= bucket_end:
+                    for now, call in current:
+                        clock.t = now
+                        machine = machines[call]
+                        if machine is None:
+                            machine = machines[call] = RetryMachine(
+                                policy, clock, rng, now
+                            )
+                        delay = decide(machine, _DOWN, False, down_ok)
+                        if isinstance(delay, str):
+                            ends[call], reasons[call] = now, delay
+                            continue
+                        at = now + delay
+                        # The push below, the same steps.
+                        slot = at * _SLOTS_PER_SECOND
+                        slot = slot // 1.0 if slot < _LAST_SLOT else _LAST_SLOT
+                        if slot <= now_slot:
+                            insort(current, (at, call), key=_time)
+                            calendar.heap_ops += 1
+                            calendar.inserts += 1
+                            left -= 1
+                            if left < 0:
+                                raise _endless()
+                            continue
+                        try:
+                            slots[slot].append((at, call))
+                        except KeyError:
+                            slots[slot] = [(at, call)]
+                            heappush(later, slot)
+                            calendar.heap_ops += 1
+                    load[index] += len(current)
+                    during_outage += len(current)
+                    last = end = current[-1][0]
+                    continue
             # The slot's events in order; a wait under a millisecond is
             # inserted behind the event being run, and the loop reaches it.
             for now, call in current:
