@@ -4,9 +4,10 @@ engine's speed must leave every figure, every call's outcome and the
 printed text the same for the same seed.
 
 The pinned values were produced by the engine before its batch rework
-(commit 929285e); the digests cover every call (number, start, end,
-attempts, outcome, reason), the load and served charts, the breaker's
-transitions, and the text ``python -m resilient simulate`` prints.
+(commit 929285e, run from a copy of that commit's tree); the digests cover
+every call (number, start, end, attempts, outcome, reason), the load and
+served charts, the breaker's transitions, and the text
+``python -m resilient simulate`` prints.
 """
 
 from __future__ import annotations
@@ -44,6 +45,15 @@ def _configs() -> dict[str, sim.SimulationConfig]:
         ),
         "rate-capacity": sim.SimulationConfig(
             rate=20000, rate_until=0.5, capacity=20000
+        ),
+        # Buckets that end inside calendar slots, and a run stopped inside
+        # the outage and inside a slot.
+        "odd-buckets": sim.SimulationConfig(
+            policy=mp("equal"),
+            clients=300,
+            outage=4.5,
+            bucket=0.3,
+            duration=4.0003,
         ),
     }
 
@@ -122,6 +132,15 @@ _PINNED: dict[str, tuple[int, int, int, int, tuple[int, float], str, str]] = {
         (25336, 0.0),
         "1125dffd718119b8",
         "af8220c2cae335a9",
+    ),
+    "odd-buckets": (
+        0,
+        1536,
+        0,
+        1536,
+        (600, 0.0),
+        "6a68d3d1d8c49813",
+        "4f66ee5ba035b5fa",
     ),
 }
 
