@@ -1,6 +1,7 @@
 """
 Timeouts and cancel scopes: the scope and its SIGALRM interrupt
-(`_scope`), and deadlines carried in request headers (`_header`).
+(`_scope`), the functions that make scopes (`_make`), and deadlines
+carried in request headers (`_header`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ from resilient._timeout._header import (
     deadline_header,
     parse_deadline_header,
 )
+from resilient._timeout._make import timeout, timeout_at
 from resilient._timeout._scope import (
     _ALARMS,
     TimeoutScope,
     check_scope,
-    timeout,
-    timeout_at,
     wake_on_cancel,
 )
 

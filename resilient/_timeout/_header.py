@@ -14,12 +14,8 @@ import math
 from typing import TYPE_CHECKING, Final
 
 from resilient._core import _clock
-from resilient._timeout._scope import (
-    TimeoutScope,
-    _flag,
-    scope_name,
-    seconds_arg,
-)
+from resilient._timeout._make import _flag, scope_name, seconds_arg
+from resilient._timeout._scope import TimeoutScope
 
 
 if TYPE_CHECKING:

@@ -33,20 +33,12 @@ import math
 import signal
 import sys
 import threading
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, final
 
 import anyio
 
 from resilient._core import _clock, _loops
-from resilient._core._validate import check_name
-from resilient.exceptions import (
-    ConfigError,
-    ConfigTypeError,
-    DeadlineExceeded,
-    ScopeCancelled,
-    TimedOut,
-)
+from resilient.exceptions import DeadlineExceeded, ScopeCancelled, TimedOut
 
 
 if TYPE_CHECKING:
@@ -135,6 +127,7 @@ class TimeoutScope:
         "_request",
         "_scope_token",
         "_state",
+        "_stopped",
         "_thread",
         "_timed_out",
         "_wakers",
@@ -164,7 +157,11 @@ class TimeoutScope:
         enclosing one if that is earlier (on resilient's clock)."""
         self._parent: TimeoutScope | None = None
         self._children: set[TimeoutScope] = set()
-        self._event = threading.Event()
+        # Whether cancelled (here or in an enclosing scope); the event
+        # `wait` sleeps on is made by the first wait (`_sleeper`), so a
+        # scope nobody sleeps in builds none.
+        self._stopped = False
+        self._event: threading.Event | None = None
         self._cancel_called = False
         self._reason: BaseException | None = None
         self._timed_out = False
@@ -208,7 +205,7 @@ class TimeoutScope:
         Seconds left before the scope fires; `math.inf` if never, 0.0 once
         expired or cancelled.
         """
-        if self._event.is_set():
+        if self._stopped:
             return 0.0
         if self.at == math.inf:
             return math.inf
@@ -222,7 +219,7 @@ class TimeoutScope:
     @property
     def cancelled(self) -> bool:
         """Whether `cancel()` was called on this scope or an enclosing one."""
-        return self._event.is_set()
+        return self._stopped
 
     @property
     def cancel_reason(self) -> BaseException | None:
@@ -284,7 +281,7 @@ class TimeoutScope:
             todo = [self]
             while todo:
                 scope = todo.pop()
-                scope._event.set()  # noqa: SLF001
+                scope._stop_locked()  # noqa: SLF001
                 wake.extend(scope._wakers)  # noqa: SLF001
                 todo.extend(scope._children)  # noqa: SLF001
         for callback in wake:
@@ -304,7 +301,7 @@ class TimeoutScope:
 
     def wake_at(self) -> float:
         """When the innermost scope fires on the clock; -inf if cancelled."""
-        return -math.inf if self._event.is_set() else self.at
+        return -math.inf if self._stopped else self.at
 
     def check(self, *, raise_reason: bool = False) -> None:
         """
@@ -347,6 +344,7 @@ class TimeoutScope:
             "`async with resilient.timeout(...)` and "
             "`await resilient.MonotonicClock().asleep(...)`",
         )
+        event = self._sleeper()
         # The sleep runs on real time; the scope fires on resilient's clock.
         end = _now() + seconds
         while True:
@@ -354,8 +352,26 @@ class TimeoutScope:
             if left <= 0:
                 break
             step = min(left, self.wake_at() - self._clock.now())
-            self._event.wait(min(step, LONGEST_WAIT))
+            event.wait(min(step, LONGEST_WAIT))
             self.check()
+
+    def _sleeper(self) -> threading.Event:
+        """The event `wait` sleeps on, made (already set if cancelled) once."""
+        with _LOCK:
+            event = self._event
+            if event is None:
+                event = threading.Event()
+                if self._stopped:
+                    event.set()
+                self._event = event  # Stored set: `cancel` sets it from now.
+        return event
+
+    def _stop_locked(self) -> None:
+        """Mark the scope cancelled and wake its sleeper (under `_LOCK`)."""
+        self._stopped = True
+        event = self._event
+        if event is not None:
+            event.set()
 
     def _note_fired(self) -> None:
         if not self._cancel_called:
@@ -365,7 +381,9 @@ class TimeoutScope:
 
     def _enter(self) -> None:
         self._state = "entered"
-        _heal(_SCOPE.get(), None)
+        current = _SCOPE.get()
+        if current is not None:
+            _heal(current, None)
         # Read first: a partial entry puts these back.
         self._old_deadline = _DEADLINE.get()
         self._old_scope = _SCOPE.get()
@@ -383,8 +401,8 @@ class TimeoutScope:
         if self._parent is not None:
             with _LOCK:
                 self._parent._children.add(self)  # noqa: SLF001
-                if self._parent._event.is_set():  # noqa: SLF001
-                    self._event.set()
+                if self._parent._stopped:  # noqa: SLF001
+                    self._stop_locked()
         self._deadline_token = _DEADLINE.set(self.at)
         self._scope_token = _SCOPE.set(self)
         library = _loops.current_async_library()
@@ -561,13 +579,17 @@ class TimeoutScope:
         tb: TracebackType | None,
     ) -> bool:
         try:
-            _heal(_SCOPE.get(), self)
+            current = _SCOPE.get()
+            if current is not self:
+                _heal(current, self)
             caught = self._leave(exc)
         except BaseException:
             # Something landed while leaving: finish leaving, then let it
             # through.
             self._leave(exc)
             raise
+        if exc is None and not caught and self._reason is None:
+            return False  # Neither claimed nor cancelled with a reason.
         return self._outcome(exc, caught)
 
     async def __aenter__(self) -> TimeoutScope:
@@ -687,7 +709,7 @@ class wake_on_cancel:  # noqa: N801 - used like a function
         try:
             with _LOCK:
                 scope._wakers.append(self._callback)  # noqa: SLF001
-                already = scope._event.is_set()  # noqa: SLF001
+                already = scope._stopped  # noqa: SLF001
             if already:
                 self._callback()
         except BaseException:
@@ -942,142 +964,3 @@ def _in_bookkeeping(frame: FrameType | None) -> bool:
 def _now() -> float:
     """Real monotonic time: signal timers run on it whatever the clock."""
     return _clock.DEFAULT_CLOCK.now()
-
-
-# -- Making scopes ------------------------------------------------------------
-
-
-def seconds_arg(name: str, value: object) -> float | None:
-    """
-    Validate a duration: a number or timedelta >= 0, or None. A number too
-    large for a float is `math.inf` (no limit).
-    """
-    if value is None:
-        return None
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigTypeError(
-            name, value, "must be a number of seconds, a timedelta or None"
-        )
-    if isinstance(value, int):
-        return _clock.int_seconds(name, value)
-    if math.isnan(value) or value < 0:
-        raise ConfigError(name, value, "must be >= 0")
-    return value
-
-
-def _flag(interrupt: object) -> bool:
-    if not isinstance(interrupt, bool):
-        raise ConfigTypeError(
-            "timeout(interrupt)", interrupt, "must be a bool"
-        )
-    return interrupt
-
-
-def scope_name(where: str, name: object) -> str | None:
-    """Validate a scope's name: a non-blank str, or None."""
-    if name is None:
-        return None
-    check_name(where, name)
-    assert isinstance(name, str)  # noqa: S101
-    return name
-
-
-def timeout(
-    seconds: float | timedelta | None,
-    *,
-    interrupt: bool = False,
-    name: str | None = None,
-) -> TimeoutScope:
-    """
-    A scope that stops its block after *seconds*, raising `TimedOut`.
-
-    Use it as ``with`` in sync code and as ``with`` or ``async with`` in
-    async code (asyncio or trio, detected when entered)::
-
-        with resilient.timeout(2.0):
-            resilient.checkpoint()
-
-        async with resilient.timeout(2.0):
-            await client.get(url)
-
-    It nests with every other deadline: an inner one can only shrink the
-    time left, and the one whose time ran out raises. Everything inside
-    sees the deadline through `resilient.remaining()`.
-
-    Args:
-        seconds: Time allowed from entry, in seconds (or a timedelta);
-            None sets no limit of its own, which still makes a scope
-            that `TimeoutScope.cancel` can stop. A number too large for a
-            float (``10**400``) means no limit, like `math.inf`.
-        interrupt: In sync code in the main thread, also interrupt
-            blocking code (``time.sleep``, socket reads, lock waits...)
-            with ``SIGALRM``; ignored elsewhere and in async code.
-            Off by default: see the timeouts guide for what it can break.
-        name: A name for the scope, shown in its repr and in `TimedOut`.
-
-    Raises:
-        ConfigError: *seconds* is negative or NaN, or *name* is blank.
-        ConfigTypeError: *seconds* is not a number, timedelta or None, or
-            *name* not a str or None.
-
-    .. versionadded:: 26.11.0
-    .. versionchanged:: 26.12.0
-       *name*; huge *seconds* mean no limit instead of `OverflowError`.
-    """
-    s = seconds_arg("timeout(seconds)", seconds)
-    return TimeoutScope(
-        seconds=s,
-        at=None,
-        interrupt=_flag(interrupt),
-        name=scope_name("timeout(name)", name),
-    )
-
-
-def timeout_at(
-    deadline: float | None,
-    *,
-    interrupt: bool = False,
-    name: str | None = None,
-) -> TimeoutScope:
-    """
-    A scope that stops its block at the absolute time *deadline*.
-
-    Like `timeout`, with the deadline read on resilient's clock
-    (`time.monotonic` unless a test installed a fake clock), for example
-    ``time.monotonic() + 5`` or another scope's ``at``.
-
-    Args:
-        deadline: Absolute time in seconds on resilient's clock; None sets
-            no limit of its own. A number too large for a float is
-            `math.inf` (no limit), or ``-math.inf`` (past) if negative.
-        interrupt: As for `timeout`.
-        name: As for `timeout`.
-
-    Raises:
-        ConfigError: *deadline* is NaN, or *name* is blank.
-        ConfigTypeError: *deadline* is not a number or None, or *name* not
-            a str or None.
-
-    .. versionadded:: 26.11.0
-    .. versionchanged:: 26.12.0
-       *name*; huge deadlines mean no limit instead of `OverflowError`.
-    """
-    if deadline is not None:
-        if isinstance(deadline, bool) or not isinstance(deadline, int | float):
-            raise ConfigTypeError(
-                "timeout_at(deadline)", deadline, "must be a number or None"
-            )
-        if isinstance(deadline, int):
-            deadline = _clock.int_seconds(
-                "timeout_at(deadline)", deadline, signed=True
-            )
-        if math.isnan(deadline):
-            raise ConfigError("timeout_at(deadline)", deadline, "is NaN")
-    return TimeoutScope(
-        seconds=None,
-        at=deadline,
-        interrupt=_flag(interrupt),
-        name=scope_name("timeout_at(name)", name),
-    )
