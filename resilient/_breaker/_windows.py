@@ -168,12 +168,16 @@ class TimeRing:
         `CountRing.take` does.
         """
         width, counts = self._width, self._c
+        head = self._head
+        j = head % BUCKETS
         pop = inbox.popleft
         for _ in range(len(inbox)):  # Only these: more may be appended.
             t = inbox[0]  # Only the taker pops: the leftmost stays put.
-            if t // width != self._head:
+            if t // width != head:
                 self.expire(t)
-            counts[self._head % BUCKETS] += 1
+                head = self._head
+                j = head % BUCKETS
+            counts[j] += 1
             self.calls += 1
             pop()
 
