@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, Literal, final, overload
 
 from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
@@ -169,8 +169,26 @@ class Call:
         if self._rec is not None:
             self._rec.attempt_ended(exc)
 
-    def failed(self, exc: BaseException) -> Retry | GiveUp:
-        """The attempt raised (or was rejected): decide and record."""
+    @overload
+    def failed(
+        self, exc: BaseException, quiet: Literal[False] = False
+    ) -> Retry | GiveUp: ...
+
+    @overload
+    def failed(
+        self, exc: BaseException, quiet: bool
+    ) -> Retry | GiveUp | float: ...
+
+    def failed(
+        self, exc: BaseException, quiet: bool = False
+    ) -> Retry | GiveUp | float:
+        """
+        The attempt raised (or was rejected): decide and record.
+
+        *quiet* says the caller hands the retry to no hook: when no
+        telemetry and no log record want it either, a retry is its delay
+        alone (a number), and its `RetryEvent` is never made.
+        """
         # The policy's own attempt timeout is retried whatever retry_on
         # says: the error is the timeout's, at this attempt's deadline.
         own = (
@@ -178,28 +196,43 @@ class Call:
             and isinstance(exc, DeadlineExceeded)
             and exc.deadline == self._at
         )
-        step = self.machine.on_error(exc, own_timeout=own)
+        m = self._machine
+        if m is None:
+            m = self.machine
         rec = self._rec
-        if isinstance(step, GiveUp):
-            if isinstance(exc, Exception):
-                note(exc, step)
-                if step.reason == "retry_budget":
-                    budget = self.guards.budget  # type: ignore[union-attr]
-                    _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
+        step = m.on_error(
+            exc,
+            own_timeout=own,
+            records=not quiet
+            or rec is not None
+            or _RETRY_LOG.isEnabledFor(_RETRY_LEVEL),
+        )
+        if isinstance(step, Retry):
+            if isinstance(exc, Rejected) and exc.retry_after is not None:
+                # A stage's rejection, outwaited: not an attempt, not a
+                # retry.
                 if rec is not None:
-                    rec.gave_up(step.event)
-                _logging.gave_up(step.event)
-        elif isinstance(exc, Rejected) and exc.retry_after is not None:
-            # A stage's rejection, outwaited: not an attempt, not a retry.
-            if rec is not None:
-                rec.rejected(step.event)
-            _logging.rejection_outwaited(step.event)
-        else:
-            if rec is not None:
-                rec.retrying(step.event)
-            if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
-                _logging.retry_scheduled(step.event)
-        return step
+                    rec.rejected(step.event)
+                _logging.rejection_outwaited(step.event)
+            else:
+                if rec is not None:
+                    rec.retrying(step.event)
+                if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
+                    _logging.retry_scheduled(step.event)
+        elif isinstance(step, GiveUp):
+            self._gave_up(exc, step)
+        return step  # A number when quiet: nobody hears of the retry.
+
+    def _gave_up(self, exc: BaseException, step: GiveUp) -> None:
+        """Record the give-up *step* on *exc*: its notes, telemetry, log."""
+        if isinstance(exc, Exception):
+            note(exc, step)
+            if step.reason == "retry_budget":
+                budget = self.guards.budget  # type: ignore[union-attr]
+                _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
+            if self._rec is not None:
+                self._rec.gave_up(step.event)
+            _logging.gave_up(step.event)
 
     def returned(self, value: object) -> Retry | GiveUp | None:
         """The attempt returned: accept, retry or give up (keeping it)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, Literal, final, overload
 
 from resilient._core import _settings, _state
 from resilient._core._clock import MonotonicClock
@@ -25,6 +25,12 @@ from resilient._core._decisions import (
 )
 from resilient._core._hints import default_retry_after
 from resilient._core._transient import every_leaf, http_status
+from resilient._retry._asks import (
+    accepts,
+    backoff_raised,
+    hint,
+    not_a_delay,
+)
 from resilient._retry._notes import WrongShell, note
 from resilient._retry._records import may_repeat, new_event, new_retry
 from resilient.exceptions import CircuitOpen, Rejected
@@ -162,7 +168,7 @@ class RetryMachine:
         """
         if isinstance(exc, WrongShell):
             return False
-        if self._accepts(exc):
+        if accepts(self.policy, exc):
             return True
         if isinstance(exc, ExceptionGroup):
             return every_leaf(exc, self._accepts_leaf)
@@ -172,27 +178,30 @@ class RetryMachine:
         return (
             isinstance(leaf, Exception)
             and not isinstance(leaf, WrongShell)
-            and self._accepts(leaf)
+            and accepts(self.policy, leaf)
         )
 
-    def _accepts(self, exc: Exception) -> bool:
-        retry_on = self.policy.retry_on
-        if isinstance(retry_on, tuple):
-            return isinstance(exc, retry_on)
-        try:
-            return bool(retry_on(exc))
-        except Exception:
-            log.exception(
-                "resilient: retry_on predicate %r of policy %r raised; the "
-                "error is not retried",
-                retry_on,
-                self.policy.name,
-            )
-            return False
+    @overload
+    def on_error(
+        self,
+        exc: BaseException,
+        *,
+        own_timeout: bool = False,
+        records: Literal[True] = True,
+    ) -> Retry | GiveUp: ...
+
+    @overload
+    def on_error(
+        self, exc: BaseException, *, own_timeout: bool = False, records: bool
+    ) -> Retry | GiveUp | float: ...
 
     def on_error(
-        self, exc: BaseException, *, own_timeout: bool = False
-    ) -> Retry | GiveUp:
+        self,
+        exc: BaseException,
+        *,
+        own_timeout: bool = False,
+        records: bool = True,
+    ) -> Retry | GiveUp | float:
         """
         The attempt raised *exc*: retry it or give up.
 
@@ -201,13 +210,22 @@ class RetryMachine:
         that says when to come back (the attempt never ran) is outwaited.
         *own_timeout* says *exc* is the policy's own attempt timeout: it
         is retried whatever *retry_on* says.
+
+        With *records* false, a retry of a failed attempt is its delay
+        alone (a number), without its `RetryEvent`: for a caller that tells
+        nobody of it (no hook, no telemetry, logging off). A give-up and an
+        outwaited rejection keep their records.
         """
         attempt = self.attempt
-        decision = self.decide_error(exc, own_timeout=own_timeout)
+        decision = self.decide_error(exc, own_timeout)
         if isinstance(decision, str):
             return GiveUp(
                 decision, self._event(exc, None, None, decision, attempt)
             )
+        if not records and not (
+            isinstance(exc, Rejected) and exc.retry_after is not None
+        ):
+            return decision
         return new_retry(
             decision, self._retry_event(exc, None, decision, attempt)
         )
@@ -254,27 +272,7 @@ class RetryMachine:
             # No reader, or the default reader's own answer for a plain
             # built-in exception (no hint), without its frames.
             return self._next(None)
-        return self._next(self._hint(exc))
-
-    def _hint(self, exc: Exception) -> float | None:
-        reader = self.policy.retry_after
-        if reader is None:
-            return None
-        try:
-            hint = reader(exc)
-            if hint is not None:
-                if math.isnan(hint):
-                    return None
-                hint = max(hint, 0.0)
-        except Exception:
-            log.exception(
-                "resilient: retry_after reader %r of policy %r raised; "
-                "no hint used",
-                reader,
-                self.policy.name,
-            )
-            return None
-        return hint
+        return self._next(hint(self.policy, exc))
 
     def _outwait(
         self, exc: Rejected, retry_after: float
@@ -331,19 +329,9 @@ class RetryMachine:
             delay = backoff.delay(self.attempt - 1, self._previous, self.rng)
             if 0.0 <= delay < math.inf:
                 return delay
-            log.error(
-                "resilient: backoff %r of policy %r returned %r, which is "
-                "not a finite number of seconds >= 0; giving up",
-                backoff,
-                self.policy.name,
-                delay,
-            )
-        except Exception:
-            log.exception(
-                "resilient: backoff %r of policy %r raised; giving up",
-                backoff,
-                self.policy.name,
-            )
+            not_a_delay(self.policy, delay)
+        except Exception:  # noqa: BLE001 - logged: a broken backoff
+            backoff_raised(self.policy)
         return None
 
     def on_result(self, value: object) -> Retry | GiveUp | None:
@@ -393,7 +381,7 @@ class RetryMachine:
             or http_status(value) is None
         ):
             return None
-        return self._hint(value)  # type: ignore[arg-type]
+        return hint(self.policy, value)  # type: ignore[arg-type]
 
     def _next(self, hint: float | None) -> float | GiveUpReason:
         """The delay of the next retry, or why there is none."""
@@ -407,10 +395,18 @@ class RetryMachine:
         elif self._testing:
             delay, source = 0.0, "backoff"
         else:
-            backoff = self._backoff()
-            if backoff is None:
+            # `_backoff`, inline: one frame less per retry.
+            try:
+                delay = self.policy.backoff.delay(
+                    self.attempt - 1, self._previous, self.rng
+                )
+                if not 0.0 <= delay < math.inf:
+                    not_a_delay(self.policy, delay)
+                    return "backoff_error"
+            except Exception:  # noqa: BLE001 - logged: a broken backoff
+                backoff_raised(self.policy)
                 return "backoff_error"
-            delay, source = backoff, "backoff"
+            source = "backoff"
         # Never retry into a stage that will not admit: wait until it may,
         # then this call's backoff on top, so the fleet spreads out.
         blocked = False
