@@ -200,13 +200,17 @@ class Call:
         if m is None:
             m = self.machine
         rec = self._rec
-        step = m.on_error(
-            exc,
-            own_timeout=own,
-            records=not quiet
-            or rec is not None
-            or _RETRY_LOG.isEnabledFor(_RETRY_LEVEL),
-        )
+        attempt = m.attempt
+        decision = m.decide_error(exc, own)
+        if (
+            quiet
+            and rec is None
+            and not isinstance(decision, str)
+            and not (isinstance(exc, Rejected) and exc.retry_after is not None)
+            and not _RETRY_LOG.isEnabledFor(_RETRY_LEVEL)
+        ):
+            return decision  # Nobody hears of the retry: no records.
+        step = m.step(exc, decision, attempt)
         if isinstance(step, Retry):
             if isinstance(exc, Rejected) and exc.retry_after is not None:
                 # A stage's rejection, outwaited: not an attempt, not a
@@ -221,7 +225,7 @@ class Call:
                     _logging.retry_scheduled(step.event)
         elif isinstance(step, GiveUp):
             self._gave_up(exc, step)
-        return step  # A number when quiet: nobody hears of the retry.
+        return step
 
     def _gave_up(self, exc: BaseException, step: GiveUp) -> None:
         """Record the give-up *step* on *exc*: its notes, telemetry, log."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import TYPE_CHECKING, Final, Literal, final, overload
+from typing import TYPE_CHECKING, Final, final
 
 from resilient._core import _settings, _state
 from resilient._core._clock import MonotonicClock
@@ -181,27 +181,9 @@ class RetryMachine:
             and accepts(self.policy, leaf)
         )
 
-    @overload
     def on_error(
-        self,
-        exc: BaseException,
-        *,
-        own_timeout: bool = False,
-        records: Literal[True] = True,
-    ) -> Retry | GiveUp: ...
-
-    @overload
-    def on_error(
-        self, exc: BaseException, *, own_timeout: bool = False, records: bool
-    ) -> Retry | GiveUp | float: ...
-
-    def on_error(
-        self,
-        exc: BaseException,
-        *,
-        own_timeout: bool = False,
-        records: bool = True,
-    ) -> Retry | GiveUp | float:
+        self, exc: BaseException, *, own_timeout: bool = False
+    ) -> Retry | GiveUp:
         """
         The attempt raised *exc*: retry it or give up.
 
@@ -210,22 +192,27 @@ class RetryMachine:
         that says when to come back (the attempt never ran) is outwaited.
         *own_timeout* says *exc* is the policy's own attempt timeout: it
         is retried whatever *retry_on* says.
-
-        With *records* false, a retry of a failed attempt is its delay
-        alone (a number), without its `RetryEvent`: for a caller that tells
-        nobody of it (no hook, no telemetry, logging off). A give-up and an
-        outwaited rejection keep their records.
         """
         attempt = self.attempt
         decision = self.decide_error(exc, own_timeout)
+        return self.step(exc, decision, attempt)
+
+    def step(
+        self,
+        exc: BaseException,
+        decision: float | GiveUpReason,
+        attempt: int,
+    ) -> Retry | GiveUp:
+        """
+        The records of `decide_error`'s *decision* on *exc*, decided at
+        *attempt*: `on_error`'s answer, for a caller that asked
+        `decide_error` first (and wants the records only when someone
+        reads them).
+        """
         if isinstance(decision, str):
             return GiveUp(
                 decision, self._event(exc, None, None, decision, attempt)
             )
-        if not records and not (
-            isinstance(exc, Rejected) and exc.retry_after is not None
-        ):
-            return decision
         return new_retry(
             decision, self._retry_event(exc, None, decision, attempt)
         )
