@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log: Final = logging.getLogger("resilient")
 _RETRY_LOG: Final = _logging.RETRY
 _RETRY_LEVEL: Final = _logging.RETRY_LEVEL
+_RETRY_CACHED: Final = _logging.RETRY_CACHED
 _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 _LOST: Final = object()
 """A token being set: its value is current, the token may be lost."""
@@ -207,7 +208,10 @@ class Call:
             and rec is None
             and not isinstance(decision, str)
             and not (isinstance(exc, Rejected) and exc.retry_after is not None)
-            and not _RETRY_LOG.isEnabledFor(_RETRY_LEVEL)
+            and (
+                _RETRY_CACHED(_RETRY_LEVEL) is False
+                or not _RETRY_LOG.isEnabledFor(_RETRY_LEVEL)
+            )
         ):
             return decision  # Nobody hears of the retry: no records.
         step = m.step(exc, decision, attempt)

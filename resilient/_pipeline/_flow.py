@@ -74,19 +74,18 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
     # without its record (`Call.failed`), and a retry is then its delay.
     quiet = not block and call.policy.before_sleep is None
     tickets: list[object] | None = None
-    step: Retry | float | None = None
-    decided: Retry | GiveUp | float | None = None
-    outcome: Retry | GiveUp | None = None
+    # The last decision: a Retry, a give-up, or a quiet retry's delay.
+    step: Retry | GiveUp | float | None = None
     error: BaseException | None = None
     cause: BaseException | None = None
     value: Any = None
     try:
         if failed is not None:
-            decided = call.failed(failed, quiet)
-            if isinstance(decided, GiveUp):
-                yield from _give_up(call, decided)
+            step = call.failed(failed, quiet)
+            if isinstance(step, GiveUp):
+                yield from _give_up(call, step)
                 raise failed  # noqa: TRY301 - the abort below sees it
-            step, cause = decided, failed
+            cause = failed
         while True:
             if step is not None:
                 if not isinstance(step, Retry):
@@ -110,19 +109,18 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 # traceback holds the block-form loop's frame, which holds
                 # this flow (a cycle that would keep a loop left with
                 # `break` alive until the garbage collector runs).
-                step = decided = outcome = error = value = failed = None
-                cause = None
+                step = error = cause = value = failed = None
             if admits:
                 call.enter_deadline()
                 try:
                     tickets = yield ADMIT, guards
                 except BaseException as rejected:
                     call.exit_deadline()
-                    decided = call.failed(rejected, quiet)
-                    if isinstance(decided, GiveUp):
-                        yield from _give_up(call, decided)
+                    step = call.failed(rejected, quiet)
+                    if isinstance(step, GiveUp):
+                        yield from _give_up(call, step)
                         raise
-                    step, cause = decided, rejected
+                    cause = rejected
                     continue
                 call.exit_deadline()
             if block:
@@ -134,20 +132,19 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 taken, tickets = tickets, None
                 yield SETTLE, (taken, error, call.own_timeout)
             if error is None:
-                outcome = call.returned(value)
-                if not isinstance(outcome, Retry):
-                    if outcome is not None:
-                        yield from _give_up(call, outcome)
-                        value = call.kept(outcome)
+                step = call.returned(value)
+                if not isinstance(step, Retry):
+                    if step is not None:
+                        yield from _give_up(call, step)
+                        value = call.kept(step)
                     call.finish(None)
                     return value
-                step = outcome
             else:
-                decided = call.failed(error, quiet)
-                if isinstance(decided, GiveUp):
-                    yield from _give_up(call, decided)
+                step = call.failed(error, quiet)
+                if isinstance(step, GiveUp):
+                    yield from _give_up(call, step)
                     raise error  # noqa: TRY301 - the abort below sees it
-                step, cause = decided, error
+                cause = error
     except BaseException as exc:
         if tickets is not None:
             guards.release(tickets)  # type: ignore[union-attr]
