@@ -2,7 +2,9 @@
 What the retry machine asks of a policy's own code (its *retry_on*
 predicate, its *retry_after* reader, its backoff), each answer guarded: a
 user's function that raises or answers nonsense never replaces the call's
-own error; it is logged, and the machine carries on without it.
+own error; it is logged, and the machine carries on without it. And
+whether *retry_on* judges an error by its type alone (`type_only`), so
+that a call asks once per type.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 import math
 from typing import TYPE_CHECKING, Final
+
+from resilient._core._transient import Transient
 
 
 if TYPE_CHECKING:
@@ -34,6 +38,24 @@ def accepts(policy: RetrySettings, exc: Exception) -> bool:
             policy.name,
         )
         return False
+
+
+def type_only(retry_on: object, cls: type) -> bool:
+    """
+    Whether *retry_on* judges a plain instance of the built-in exception
+    type *cls* by its type alone: a tuple that lists *cls* itself
+    (``isinstance`` asks no ``__instancecheck__`` of an exact type), or a
+    `Transient` with no classes of the user's (it caches that verdict per
+    type itself) and *cls* no group (judged by its leaves).
+    """
+    if type(retry_on) is tuple:
+        return cls in retry_on
+    return (
+        type(retry_on) is Transient
+        and not retry_on.never
+        and not retry_on.also
+        and not issubclass(cls, BaseExceptionGroup)
+    )
 
 
 def hint(policy: RetrySettings, exc: Exception) -> float | None:

@@ -30,6 +30,7 @@ from resilient._retry._asks import (
     backoff_raised,
     hint,
     not_a_delay,
+    type_only,
 )
 from resilient._retry._notes import WrongShell, note
 from resilient._retry._records import may_repeat, new_event, new_retry
@@ -93,6 +94,7 @@ class RetryMachine:
         "_budget_end",
         "_max_attempts",
         "_now",
+        "_plain",
         "_previous",
         "_rejections",
         "_source",
@@ -141,6 +143,9 @@ class RetryMachine:
         self.wake = start
         """When the wait of the last `Retry` ends, on *clock*."""
         self._previous = 0.0
+        self._plain: type | None = None
+        """A built-in exception type whose plain instances (no attributes
+        of their own) this call retries by their type alone."""
         self._rejections = 0
         self._source: DelaySource = "backoff"
         testing = _state.testing
@@ -217,7 +222,7 @@ class RetryMachine:
             decision, self._retry_event(exc, None, decision, attempt)
         )
 
-    def decide_error(
+    def decide_error(  # noqa: C901, PLR0911 - its fast paths inline
         self,
         exc: BaseException,
         own_timeout: bool = False,  # Positional too: the simulator calls it.
@@ -233,11 +238,17 @@ class RetryMachine:
         already asked (a driver that raises the same error objects asks
         once).
         """
+        cls = type(exc)
+        if cls is self._plain and transient is None and not exc.__dict__:
+            # Another plain instance of a type this call retried: the same
+            # answers (transient, no hint), not asked again.
+            return self._next(None)
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
         if not isinstance(exc, Exception):
             return "not_retryable"
         policy = self.policy
+        asked = not own_timeout and transient is None
         if not own_timeout:
             if transient is None:
                 retry_on = policy.retry_on
@@ -251,14 +262,15 @@ class RetryMachine:
             if not transient:
                 return "not_retryable"
         reader = policy.retry_after
-        if reader is None or (
-            reader is default_retry_after
-            and type(exc).__module__ == "builtins"
-            and not exc.__dict__
-        ):
-            # No reader, or the default reader's own answer for a plain
-            # built-in exception (no hint), without its frames.
-            return self._next(None)
+        if reader is None or reader is default_retry_after:
+            if cls.__module__ == "builtins" and not exc.__dict__:
+                # No hint on a plain built-in exception (the default
+                # reader's own answer, without its frames).
+                if asked and type_only(policy.retry_on, cls):
+                    self._plain = cls
+                return self._next(None)
+            if reader is None:
+                return self._next(None)
         return self._next(hint(self.policy, exc))
 
     def _outwait(
