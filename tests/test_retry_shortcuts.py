@@ -73,20 +73,6 @@ def test_transient_status_on_an_instance_of_a_type_it_refused(
     assert not hasattr(info.value, "status_code")
 
 
-def test_transient_caches_per_classifier() -> None:
-    """Classifiers with different classes of their own judge the same
-    built-in type each in their own way, however often asked: the cache
-    is per classifier."""
-    plain = resilient.Transient()
-    more = resilient.Transient(also=(ValueError,))
-    less = resilient.Transient(never=(ConnectionResetError,))
-    for _ in range(2):
-        assert plain(ValueError()) is False
-        assert more(ValueError()) is True
-        assert plain(ConnectionResetError()) is True
-        assert less(ConnectionResetError()) is False
-
-
 def test_group_after_a_retried_group_is_judged_by_its_leaves(
     driver: Driver, clock: Any
 ) -> None:
