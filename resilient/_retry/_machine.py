@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
 
 log: Final = logging.getLogger("resilient")
+_INF: Final = math.inf
 
 
 # What the machine reads of a policy (imported for the protocol's sake: it
@@ -384,22 +385,24 @@ class RetryMachine:
 
     def _next(self, hint: float | None) -> float | GiveUpReason:
         """The delay of the next retry, or why there is none."""
-        if self.attempt >= self._max_attempts:
+        attempt = self.attempt
+        if attempt >= self._max_attempts:
             return "attempts"
+        testing = self._testing
         source: DelaySource
         if hint is not None:
             cap = self.policy.max_retry_after
             source = "hint_capped" if hint > cap else "hint"
-            delay = 0.0 if self._testing else min(hint, cap)
-        elif self._testing:
+            delay = 0.0 if testing else min(hint, cap)
+        elif testing:
             delay, source = 0.0, "backoff"
         else:
             # `_backoff`, inline: one frame less per retry.
             try:
                 delay = self.policy.backoff.delay(
-                    self.attempt - 1, self._previous, self.rng
+                    attempt - 1, self._previous, self.rng
                 )
-                if not 0.0 <= delay < math.inf:
+                if not 0.0 <= delay < _INF:
                     not_a_delay(self.policy, delay)
                     return "backoff_error"
             except Exception:  # noqa: BLE001 - logged: a broken backoff
@@ -409,7 +412,7 @@ class RetryMachine:
         # Never retry into a stage that will not admit: wait until it may,
         # then this call's backoff on top, so the fleet spreads out.
         blocked = False
-        if self.admission_wait is not None and not self._testing:
+        if self.admission_wait is not None and not testing:
             wait = self.admission_wait()
             if wait > 0:
                 delay, blocked = self._spread(wait) + delay, True
@@ -424,7 +427,7 @@ class RetryMachine:
             return "retry_budget"
         self._source = source
         self._previous = delay
-        self.attempt += 1
+        self.attempt = attempt + 1
         self.wake = now + delay
         return delay
 
