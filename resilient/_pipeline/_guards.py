@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from resilient._breaker import SUCCESS, attempt_outcome
 from resilient._core import _registry
+from resilient._core._done import DONE
 from resilient._pipeline._stage import ORDER, BreakerStage, BulkheadStage
 from resilient._retry_budget import get_retry_budget
 
@@ -138,7 +139,7 @@ class BreakerBulkhead:
 
     __slots__ = (
         "_admit",
-        "_asettle",
+        "_asettle_closed",
         "_bulkhead",
         "_cb",
         "_release",
@@ -151,7 +152,7 @@ class BreakerBulkhead:
         self._cb = cb
         self._admit = cb.fast_admit
         self._settle_closed = cb._settle_closed  # noqa: SLF001
-        self._asettle = breaker.afast_settle
+        self._asettle_closed = cb._asettle_closed  # noqa: SLF001
         self._bulkhead = bulkhead.bulkhead
         machine = bulkhead.bulkhead._machine  # noqa: SLF001
         self._take = machine.take_new
@@ -192,10 +193,19 @@ class BreakerBulkhead:
         tickets: tuple[tuple[int, float], Permit],
         exc: BaseException | None,
     ) -> Awaitable[None]:
-        """Free the slot, then the breaker's settle to await
-        (`BreakerStage.afast_settle`)."""
-        self._release(tickets[1])
-        return self._asettle(tickets[0], exc)
+        """Free the slot, then the breaker's settle to await, or `DONE`
+        when cancelled (`BreakerStage.afast_settle`, inline)."""
+        ticket, permit = tickets
+        self._release(permit)
+        if exc is None:
+            return self._asettle_closed(*ticket, SUCCESS)
+        if not isinstance(exc, Exception):
+            self._settle_closed(
+                *ticket, attempt_outcome(self._cb, exc, own_timeout=False), exc
+            )
+            return DONE
+        outcome = attempt_outcome(self._cb, exc, own_timeout=False)
+        return self._asettle_closed(*ticket, outcome, exc)
 
     def fast_drop(self, tickets: tuple[tuple[int, float], Permit]) -> None:
         """Free the slot uncounted."""
