@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import math
 import threading
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
@@ -53,13 +54,20 @@ from resilient._wait import wait_slice
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine, Hashable
+    from collections.abc import Awaitable, Callable, Hashable
 
     from resilient._singleflight._group import SingleFlight
     from resilient._singleflight._report import Recorder
 
 
 T = TypeVar("T")
+
+new_ticket: Final = object.__new__
+_NOTHING: Any = (
+    None  # (Assigned to a ticket's slots: typed to narrow nothing.)
+)
+_DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
+_NEVER: Final = math.inf
 
 # asyncio keeps only weak references to tasks: the running executions.
 _TASKS: Final[set[asyncio.Task[None]]] = set()
@@ -77,12 +85,12 @@ class LoopGate:
     """
 
     __slots__ = (
-        "_event",
-        "_futures",
-        "_new",
         "_set_yet",
         "_soon",
+        "event",
+        "futures",
         "home",
+        "new",
         "trio",
     )
 
@@ -91,24 +99,24 @@ class LoopGate:
         """The thread of its event loop."""
         self.trio = library == "trio"
         self._set_yet = False
-        self._futures: dict[asyncio.Future[None], None] | None = None
+        self.futures: dict[asyncio.Future[None], None] | None = None
         if self.trio:
             import trio  # noqa: PLC0415
 
-            self._event: Any = trio.Event()
+            self.event: Any = trio.Event()
             self._soon = loop.run_sync_soon
         else:
-            self._futures = {}
-            self._event = None
-            self._new = loop.create_future
+            self.futures = {}
+            self.event = None
+            self.new = _future_maker(loop)
             self._soon = loop.call_soon_threadsafe
 
     def waiting(self) -> Awaitable[object]:
         """What the waiting task awaits (once); done when woken."""
-        futures = self._futures
+        futures = self.futures
         if futures is None:
-            return self._event.wait()  # type: ignore[no-any-return]
-        fut: asyncio.Future[None] = self._new()
+            return self.event.wait()  # type: ignore[no-any-return]
+        fut: asyncio.Future[None] = self.new()
         if self._set_yet:
             fut.set_result(None)
         else:
@@ -117,8 +125,8 @@ class LoopGate:
 
     def forget(self, fut: Awaitable[object]) -> None:
         """A waiting that timed out: drop its future (asyncio)."""
-        if self._futures is not None:
-            self._futures.pop(fut, None)  # type: ignore[call-overload]
+        if self.futures is not None:
+            self.futures.pop(fut, None)  # type: ignore[call-overload]
 
     def wake(self) -> None:
         """Wake every waiting task (once is enough; more are harmless)."""
@@ -129,17 +137,28 @@ class LoopGate:
                 self._soon(self._set)
 
     def _set(self) -> None:
-        futures = self._futures
+        futures = self.futures
         if futures is None:
-            self._event.set()
+            self.event.set()
             return
         self._set_yet = True
-        self._futures = {}
+        self.futures = {}
         for fut in futures:
             try:  # noqa: SIM105 - no context manager per waiter
                 fut.set_result(None)
             except asyncio.InvalidStateError:  # Its waiter was cancelled.
                 pass
+
+
+def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], Any]:
+    """
+    *loop*'s ``create_future``; for asyncio's own loops, the future type
+    itself with the loop bound (what that method does, without its frame).
+    """
+    make = loop.create_future
+    if getattr(make, "__func__", None) is asyncio.BaseEventLoop.create_future:
+        return functools.partial(asyncio.Future, loop=loop)
+    return make
 
 
 def _library() -> tuple[str, Any]:
@@ -164,85 +183,84 @@ def gate(flight: Flight) -> LoopGate:
     return g
 
 
-def acall(
+async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
     group: SingleFlight,
     key: Hashable,
     fn: Callable[..., Awaitable[T]],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-) -> Coroutine[Any, Any, T]:
-    """
-    `SingleFlight.acall`, with the caller's telemetry if any is set: the
-    coroutine to await (one frame fewer for every waiting task).
-    """
-    rec = None if disabled() else recorder(group.name)
-    if rec is None:
-        return fly(group, key, fn, args, kwargs, rec=None)
-    return _recorded(group, key, fn, args, kwargs, rec=rec)
-
-
-async def _recorded(
-    group: SingleFlight,
-    key: Hashable,
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    rec: Recorder,
 ) -> T:
-    with rec:
-        return await fly(group, key, fn, args, kwargs, rec=rec)
-
-
-async def fly(
-    group: SingleFlight,
-    key: Hashable,
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    rec: Recorder | None,
-) -> T:
-    # The hot path of every waiting task, so a few steps are inlined: the
-    # gate of the execution's own loop, the deadline read, the value.
+    """
+    `SingleFlight.acall`: the coroutine every waiting task runs, so a few
+    steps are inlined (the gate of the execution's own loop, the deadline
+    read, the asyncio wait). Telemetry is the flight's: its leader records
+    if any is configured, and its followers then record too (see
+    `Flight.recorded`); a follower of an unrecorded flight reads nothing.
+    """
     m = group._machine  # noqa: SLF001
-    while True:
-        ticket = Ticket()
-        try:
-            flight = m.join(key, ticket, is_async=True)
-            if rec is not None:
-                rec.joined(flight, leads=flight.owner is ticket)
-            if flight.owner is ticket:
-                _spawn(group, flight, fn, args, kwargs)
-            elif flight in EXECUTING.get():
-                raise RuntimeError(
-                    f"resilient: singleflight {group.name!r}: called from "
-                    "inside the execution it would wait for; waiting would "
-                    "never end"
-                )
-            waiter = flight.gate
-            if (
-                waiter is None
-                or waiter.home != threading.get_ident()
-                or waiter.trio is not (sniffio.thread_local.name == "trio")
-            ):
-                waiter = gate(flight)  # Not the execution's event loop.
-            # Set before the state is read: a `finish` that missed it is
-            # one we see.
-            ticket.waiter = waiter
-            at = _clock._DEADLINE.get()  # noqa: SLF001
-            if at == math.inf:
-                while flight.state == RUNNING:
-                    await waiter.waiting()
-            else:
-                await _wait_until(group, flight, waiter, at)
-        finally:
-            ended = ticket.flight
-            if ended is not None and not ended.woken:
-                leave(m, ticket, rec)  # (A woken caller has nothing to undo.)
-        if flight.state == VALUE:
-            return flight.value  # type: ignore[no-any-return]
-        outcome(flight, ticket, rec)  # Raises, or we start over.
+    rec: Recorder | None = None
+    failed: BaseException | None = None
+    try:
+        while True:
+            ticket = new_ticket(Ticket)  # `Ticket()`, without its frame.
+            ticket.flight = ticket.waiter = _NOTHING
+            try:
+                flight = m.join(key, ticket, is_async=True)
+                leads = flight.owner is ticket
+                if leads:
+                    if rec is None and not disabled():
+                        rec = recorder(group.name)
+                    flight.recorded = rec is not None
+                elif rec is None and flight.recorded:
+                    rec = recorder(group.name)
+                if rec is not None:
+                    rec.joined(flight, leads=leads)
+                if leads:
+                    _spawn(group, flight, fn, args, kwargs)
+                elif flight in EXECUTING.get():
+                    raise RuntimeError(
+                        f"resilient: singleflight {group.name!r}: called "
+                        "from inside the execution it would wait for; "
+                        "waiting would never end"
+                    )
+                waiter = flight.gate
+                if (
+                    waiter is None
+                    or waiter.home != threading.get_ident()
+                    or waiter.trio is not (sniffio.thread_local.name == "trio")
+                ):
+                    waiter = gate(flight)  # Not the execution's event loop.
+                # Set before the state is read: a `finish` that missed it
+                # is one we see.
+                ticket.waiter = waiter
+                at = _DEADLINE.get()
+                if at == _NEVER:
+                    while flight.state == RUNNING:
+                        futures = waiter.futures
+                        if futures is None:  # trio
+                            await waiter.event.wait()
+                        else:  # `LoopGate.waiting`, inlined.
+                            fut = waiter.new()
+                            futures[fut] = None
+                            await fut
+                else:
+                    await _wait_until(group, flight, waiter, at)
+            finally:
+                ended = ticket.flight
+                if ended is not None and not ended.woken:
+                    leave(
+                        m, ticket, rec
+                    )  # (A woken caller has nothing to undo.)
+            if flight.state == VALUE:
+                return flight.value  # type: ignore[no-any-return]
+            outcome(flight, ticket, rec)  # Raises, or we start over.
+    except BaseException as exc:
+        failed = exc
+        raise
+    finally:
+        if rec is not None:
+            rec.ended(failed)
+        failed = None  # (No cycle through the traceback.)
 
 
 async def _wait_until(

@@ -8,9 +8,8 @@ waiters are woken from wherever the execution ends.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ParamSpec, TypeVar, final
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, final
 
-from resilient._core._telemetry import disabled
 from resilient._core._validate import check_name
 from resilient._singleflight import _async, _sync
 from resilient._singleflight._machine import (
@@ -20,7 +19,7 @@ from resilient._singleflight._machine import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Hashable
+    from collections.abc import Awaitable, Callable, Coroutine, Hashable
 
 
 P = ParamSpec("P")
@@ -121,18 +120,22 @@ class SingleFlight:
         """
         return _sync.call(self, key, fn, args, kwargs)
 
-    async def acall(
+    def acall(
         self,
         key: Hashable,
         fn: Callable[P, Awaitable[T]],
         /,
         *args: P.args,
         **kwargs: P.kwargs,
-    ) -> T:
+    ) -> Coroutine[Any, Any, T]:
         """
         ``await fn(*args, **kwargs)``, run in a task of its own, or the
         result of the execution under way for *key*, waiting for it in
-        this task.
+        this task: ``await group.acall(key, fn, ...)``.
+
+        A plain method that returns the coroutine to await (nothing
+        happens until it is awaited): every waiting task then carries one
+        coroutine frame fewer.
 
         Raises:
             TypeError: *key* is unhashable.
@@ -140,6 +143,4 @@ class SingleFlight:
             RuntimeError: Called from inside the execution it would wait
                 for.
         """
-        if disabled():  # No telemetry: straight to the shell.
-            return await _async.fly(self, key, fn, args, kwargs, rec=None)
-        return await _async.acall(self, key, fn, args, kwargs)
+        return _async.fly(self, key, fn, args, kwargs)

@@ -108,6 +108,10 @@ class Flight:
         abandoned: Whether every member left before it ended.
         cancel: Cancels the task (from any thread); set by the runner.
         span: The leader's span, if telemetry is on (followers link to it).
+        recorded: Whether its leader records telemetry (it found some
+            configured when it started the flight): its followers record
+            only then, so a caller that joins does not look for it (and
+            a flight is recorded whole or not at all).
         gates: The async shell's wake-ups, one per event loop that has
             callers waiting (see `Ticket`).
         gate: The one of the execution's own event loop (async).
@@ -128,6 +132,7 @@ class Flight:
         "members",
         "number",
         "owner",
+        "recorded",
         "span",
         "spawned",
         "state",
@@ -154,6 +159,7 @@ class Flight:
         self.abandoned = False
         self.cancel: Any = None
         self.span: Any = None
+        self.recorded = False
         self.gates: dict[object, Any] = {}
         self.gate: Any = None
         self.woken = False
@@ -214,8 +220,7 @@ class GroupMachine:
                 return flight
             ticket.flight = flight
             flight.members.add(ticket)
-            flight.joined += 1
-            self._joined += 1
+            flight.joined += 1  # (The group's count adds it up at the end.)
             return flight
 
     def finish(
@@ -285,10 +290,15 @@ class GroupMachine:
         return None
 
     def _drop(self, flight: Flight) -> None:
-        """Out of the map (if still there) and the running set. Locked."""
+        """
+        Out of the map (if still there) and the running set, its joins
+        added to the group's count. Locked.
+        """
         if self.flights.get(flight.key) is flight:
             del self.flights[flight.key]
-        self._running.discard(flight)
+        if flight in self._running:
+            self._running.remove(flight)
+            self._joined += flight.joined
 
     def forget(self, key: Hashable) -> bool:
         """Take *key*'s flight out of the map; True if there was one."""
@@ -303,7 +313,7 @@ class GroupMachine:
                 running=len(self._running),
                 waiting=sum(len(f.members) for f in self._running),
                 executions=self._executions,
-                joined=self._joined,
+                joined=self._joined + sum(f.joined for f in self._running),
                 abandoned=self._abandoned,
             )
 
