@@ -22,7 +22,9 @@ import contextlib
 import contextvars
 import functools
 import math
+import sys
 import threading
+from asyncio import CancelledError
 from typing import TYPE_CHECKING, Any, Final, TypeVar, final
 
 import anyio
@@ -33,7 +35,6 @@ from opentelemetry import trace as otel_trace
 
 from resilient._core import _clock
 from resilient._core._clock import MonotonicClock
-from resilient._core._telemetry import disabled
 from resilient._singleflight._common import (
     EXECUTING,
     deadline_error,
@@ -63,6 +64,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 new_ticket: Final = object.__new__
+_current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
+if sys.version_info < (3, 12):  # pragma: no cover - 3.11
+    # Its `current_task` is Python-level, around this dict (which is
+    # frozen as it was); 3.12's is the C one.
+    _current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined] # noqa: SLF001
+else:  # pragma: no cover - 3.12+
+    _current_task = asyncio.current_task
 _NOTHING: Any = (
     None  # (Assigned to a ticket's slots: typed to narrow nothing.)
 )
@@ -80,8 +88,10 @@ class LoopGate:
     from the loop's thread directly, from any other through the loop's
     thread-safe hand-off (a closed loop has nobody left to wake).
 
-    asyncio: a future per waiter (a cancelled one is its own affair), all
-    set by one call; trio: one `trio.Event`, whose waiters park on its lot.
+    asyncio: one future that every waiter with no deadline awaits (see
+    `shared_future` for what a cancelled one does to it), and one more per
+    waiter with a deadline, which its own timeout cancels; all set by one
+    call. trio: one `trio.Event`, whose waiters park on its lot.
     """
 
     __slots__ = (
@@ -90,7 +100,9 @@ class LoopGate:
         "event",
         "futures",
         "home",
+        "loop",
         "new",
+        "shared",
         "trio",
     )
 
@@ -99,6 +111,9 @@ class LoopGate:
         """The thread of its event loop."""
         self.trio = library == "trio"
         self._set_yet = False
+        self.shared: asyncio.Future[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """asyncio: its event loop (None on trio)."""
         self.futures: dict[asyncio.Future[None], None] | None = None
         if self.trio:
             import trio  # noqa: PLC0415
@@ -109,6 +124,7 @@ class LoopGate:
             self.futures = {}
             self.event = None
             self.new = _future_maker(loop)
+            self.loop = loop
             self._soon = loop.call_soon_threadsafe
 
     def waiting(self) -> Awaitable[object]:
@@ -122,6 +138,33 @@ class LoopGate:
         else:
             futures[fut] = None
         return fut
+
+    def shared_future(self) -> asyncio.Future[None]:
+        """
+        The future every task of this loop that waits with no deadline
+        awaits (asyncio; made by the first), set when the flight ends.
+
+        A task cancelled while it awaits it cancels it (asyncio cancels
+        what a task awaits): its other waiters then wake with
+        `CancelledError` although nobody cancelled them, see that their
+        task's `cancelling()` count has not grown, and wait on a new one
+        (`replace`). One future for all is what makes the common case
+        cheap: a thousand waiters, none cancelled.
+        """
+        fut: asyncio.Future[None] = self.new()
+        if self._set_yet:
+            fut.set_result(None)
+        else:
+            assert self.futures is not None  # noqa: S101 - asyncio
+            self.futures[fut] = None
+        self.shared = fut
+        return fut
+
+    def replace(self, fut: asyncio.Future[None]) -> None:
+        """The shared *fut* was cancelled: the next waiter makes another."""
+        if self.shared is fut:
+            self.shared = None
+        self.forget(fut)
 
     def forget(self, fut: Awaitable[object]) -> None:
         """A waiting that timed out: drop its future (asyncio)."""
@@ -207,11 +250,7 @@ async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
             try:
                 flight = m.join(key, ticket, is_async=True)
                 leads = flight.owner is ticket
-                if leads:
-                    if rec is None and not disabled():
-                        rec = recorder(group.name)
-                    flight.recorded = rec is not None
-                elif rec is None and flight.recorded:
+                if rec is None and flight.recorded:
                     rec = recorder(group.name)
                 if rec is not None:
                     rec.joined(flight, leads=leads)
@@ -236,13 +275,23 @@ async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
                 at = _DEADLINE.get()
                 if at == _NEVER:
                     while flight.state == RUNNING:
-                        futures = waiter.futures
-                        if futures is None:  # trio
+                        if waiter.trio:
                             await waiter.event.wait()
-                        else:  # `LoopGate.waiting`, inlined.
-                            fut = waiter.new()
-                            futures[fut] = None
+                            continue
+                        # `LoopGate.shared_future`, inlined. The task's
+                        # cancel requests, read in the step that awaits,
+                        # tell its own cancellation from another waiter's.
+                        task = _current_task(waiter.loop)
+                        asked = task.cancelling()  # type: ignore[union-attr]
+                        fut = waiter.shared
+                        if fut is None:
+                            fut = waiter.shared_future()
+                        try:
                             await fut
+                        except CancelledError:
+                            if task.cancelling() > asked:  # type: ignore[union-attr]
+                                raise  # Ours: we leave.
+                            waiter.replace(fut)  # Another's: wait on.
                 else:
                     await _wait_until(group, flight, waiter, at)
             finally:

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 
+from resilient._core._telemetry import disabled
+
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -108,10 +110,10 @@ class Flight:
         abandoned: Whether every member left before it ended.
         cancel: Cancels the task (from any thread); set by the runner.
         span: The leader's span, if telemetry is on (followers link to it).
-        recorded: Whether its leader records telemetry (it found some
-            configured when it started the flight): its followers record
-            only then, so a caller that joins does not look for it (and
-            a flight is recorded whole or not at all).
+        recorded: Whether its callers record telemetry: some was
+            configured when it started (read once, before anyone could
+            join it), so a caller that joins does not look for any, and a
+            flight is recorded whole or not at all.
         gates: The async shell's wake-ups, one per event loop that has
             callers waiting (see `Ticket`).
         gate: The one of the execution's own event loop (async).
@@ -142,7 +144,13 @@ class Flight:
     )
 
     def __init__(
-        self, key: Hashable, number: int, owner: Ticket, *, is_async: bool
+        self,
+        key: Hashable,
+        number: int,
+        owner: Ticket,
+        *,
+        is_async: bool,
+        recorded: bool = False,
     ) -> None:
         self.key = key
         self.number = number
@@ -159,7 +167,7 @@ class Flight:
         self.abandoned = False
         self.cancel: Any = None
         self.span: Any = None
-        self.recorded = False
+        self.recorded = recorded
         self.gates: dict[object, Any] = {}
         self.gate: Any = None
         self.woken = False
@@ -211,7 +219,11 @@ class GroupMachine:
             if flight is None:
                 self._executions += 1
                 flight = Flight(
-                    key, self._executions, ticket, is_async=is_async
+                    key,
+                    self._executions,
+                    ticket,
+                    is_async=is_async,
+                    recorded=not disabled(),
                 )
                 ticket.flight = flight
                 flight.members.add(ticket)
