@@ -25,7 +25,7 @@ import math
 import sys
 import threading
 from asyncio import CancelledError
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -61,9 +61,12 @@ if TYPE_CHECKING:
     from resilient._singleflight._report import Recorder
 
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 new_ticket: Final = object.__new__
+_ident: Final = threading.get_ident
+_sniffio: Final = sniffio.thread_local
 _current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
 if sys.version_info < (3, 12):  # pragma: no cover - 3.11
     # Its `current_task` is Python-level, around this dict (which is
@@ -229,17 +232,26 @@ def gate(flight: Flight) -> LoopGate:
 async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
     group: SingleFlight,
     key: Hashable,
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
+    fn: Callable[P, Awaitable[T]],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> T:
     """
-    `SingleFlight.acall`: the coroutine every waiting task runs, so a few
-    steps are inlined (the gate of the execution's own loop, the deadline
-    read, the asyncio wait). Telemetry is the flight's: its leader records
-    if any is configured, and its followers then record too (see
-    `Flight.recorded`); a follower of an unrecorded flight reads nothing.
+    ``await fn(*args, **kwargs)``, run in a task of its own, or the
+    result of the execution under way for *key*, waiting for it in
+    this task.
+
+    Raises:
+        TypeError: *key* is unhashable.
+        DeadlineExceeded: The caller's deadline passed while waiting.
+        RuntimeError: Called from inside the execution it would wait
+            for.
     """
+    # `SingleFlight.acall` itself (one coroutine frame per waiting task),
+    # so a few steps are inlined: the gate of the execution's own loop,
+    # the deadline read, the asyncio wait. Telemetry is the flight's (see
+    # `Flight.recorded`): a follower of an unrecorded flight reads nothing.
     m = group._machine  # noqa: SLF001
     rec: Recorder | None = None
     failed: BaseException | None = None
@@ -265,15 +277,14 @@ async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
                 waiter = flight.gate
                 if (
                     waiter is None
-                    or waiter.home != threading.get_ident()
-                    or waiter.trio is not (sniffio.thread_local.name == "trio")
+                    or waiter.home != _ident()
+                    or waiter.trio is not (_sniffio.name == "trio")
                 ):
                     waiter = gate(flight)  # Not the execution's event loop.
                 # Set before the state is read: a `finish` that missed it
                 # is one we see.
                 ticket.waiter = waiter
-                at = _DEADLINE.get()
-                if at == _NEVER:
+                if _DEADLINE.get() == _NEVER:
                     while flight.state == RUNNING:
                         if waiter.trio:
                             await waiter.event.wait()
@@ -293,7 +304,7 @@ async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
                                 raise  # Ours: we leave.
                             waiter.replace(fut)  # Another's: wait on.
                 else:
-                    await _wait_until(group, flight, waiter, at)
+                    await _wait_until(group, flight, waiter, _DEADLINE.get())
             finally:
                 ended = ticket.flight
                 if ended is not None and not ended.woken:

@@ -77,7 +77,7 @@ def singleflight(
         def async_shell(
             f: Callable[..., Awaitable[Any]], args: Any, kwargs: Any
         ) -> Awaitable[Any]:
-            return fly(flights, keyof(args, kwargs), f, args, kwargs)
+            return fly(flights, keyof(args, kwargs), f, *args, **kwargs)
 
         return decorate(fn, sync_shell, async_shell, stream=_NO_STREAMS)
 

@@ -8,7 +8,7 @@ waiters are woken from wherever the execution ends.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, final
+from typing import TYPE_CHECKING, ParamSpec, TypeVar, final
 
 from resilient._core._validate import check_name
 from resilient._singleflight import _async, _sync
@@ -19,7 +19,7 @@ from resilient._singleflight._machine import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine, Hashable
+    from collections.abc import Callable, Hashable
 
 
 P = ParamSpec("P")
@@ -120,27 +120,6 @@ class SingleFlight:
         """
         return _sync.call(self, key, fn, args, kwargs)
 
-    def acall(
-        self,
-        key: Hashable,
-        fn: Callable[P, Awaitable[T]],
-        /,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> Coroutine[Any, Any, T]:
-        """
-        ``await fn(*args, **kwargs)``, run in a task of its own, or the
-        result of the execution under way for *key*, waiting for it in
-        this task: ``await group.acall(key, fn, ...)``.
-
-        A plain method that returns the coroutine to await (nothing
-        happens until it is awaited): every waiting task then carries one
-        coroutine frame fewer.
-
-        Raises:
-            TypeError: *key* is unhashable.
-            DeadlineExceeded: The caller's deadline passed while waiting.
-            RuntimeError: Called from inside the execution it would wait
-                for.
-        """
-        return _async.fly(self, key, fn, args, kwargs)
+    # The async shell's coroutine function itself: ``await group.acall(...)``
+    # runs one coroutine frame per waiting task, not two.
+    acall = _async.fly
