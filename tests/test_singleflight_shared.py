@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import pytest
 
@@ -41,6 +41,18 @@ async def _until(predicate: Callable[[], bool]) -> None:
     raise AssertionError("condition never held")  # pragma: no cover
 
 
+def _gated() -> tuple[asyncio.Event, object, Callable[[], Awaitable[object]]]:
+    """An event, a value, and work that returns the value once it is set."""
+    release = asyncio.Event()
+    value = object()
+
+    async def work() -> object:
+        await release.wait()
+        return value
+
+    return release, value, work
+
+
 def test_a_cancelled_follower_leaves_the_others_waiting_on_asyncio() -> None:
     """
     Followers sharing one future: cancelling two of them (one at a time)
@@ -50,12 +62,7 @@ def test_a_cancelled_follower_leaves_the_others_waiting_on_asyncio() -> None:
 
     async def main() -> None:
         group = resilient.SingleFlight()
-        release = asyncio.Event()
-        value = object()
-
-        async def work() -> object:
-            await release.wait()
-            return value
+        release, value, work = _gated()
 
         tasks = [asyncio.create_task(group.acall("k", work)) for _ in range(6)]
         await _until(lambda: group.statistics().waiting == 6)
@@ -85,12 +92,7 @@ def test_a_task_with_an_old_cancel_request_is_not_cancelled_by_anothers() -> (
 
     async def main() -> None:
         group = resilient.SingleFlight()
-        release = asyncio.Event()
-        value = object()
-
-        async def work() -> object:
-            await release.wait()
-            return value
+        release, value, work = _gated()
 
         async def stale() -> object:
             task = asyncio.current_task()
