@@ -10,9 +10,10 @@ callers, each waiting up to its own deadline.
 
 The tasks of one event loop that wait for one flight share one `LoopGate`,
 woken by one call (one hand-off from another thread) when the flight ends:
-on asyncio each task awaits a bare future of its own (a cancelled one
-cancels nothing else), on trio they all park on one `trio.Event`. Nothing
-else is made per caller but its `Ticket`.
+on asyncio the tasks with no deadline await one shared future (one that a
+cancelled task cancels is replaced, see `LoopGate.shared_future`) and a
+task with a deadline a future of its own; on trio they all park on one
+`trio.Event`. Nothing else is made per caller but its `Ticket`.
 """
 
 from __future__ import annotations
@@ -307,10 +308,9 @@ async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
                     await _wait_until(group, flight, waiter, _DEADLINE.get())
             finally:
                 ended = ticket.flight
+                # (A woken caller has nothing to undo.)
                 if ended is not None and not ended.woken:
-                    leave(
-                        m, ticket, rec
-                    )  # (A woken caller has nothing to undo.)
+                    leave(m, ticket, rec)
             if flight.state == VALUE:
                 return flight.value  # type: ignore[no-any-return]
             outcome(flight, ticket, rec)  # Raises, or we start over.

@@ -54,7 +54,7 @@ def call(
 ) -> T:
     """
     `SingleFlight.call`. Telemetry is the flight's, as in the async shell:
-    its leader records if any is configured, its followers then too.
+    its callers record if some was configured when it started.
     """
     m = group._machine  # noqa: SLF001
     rec: Recorder | None = None
