@@ -26,19 +26,10 @@ from .storm import interrupt_storm, storm
 
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
-    """
-    Fresh registries after each test, and no garbage-collector callbacks
-    during it: a callback is Python code run at any allocation, and an
-    interrupt that lands in one is swallowed there ("Exception ignored",
-    seen with hypothesis's, installed by the stateful tests before).
-    """
-    callbacks = gc.callbacks[:]
-    gc.callbacks.clear()
-    try:
-        yield
-    finally:
-        gc.callbacks[:] = callbacks
-        resilient.testing.reset_registries()
+    """Fresh registries after each test (conftest's storm fixture takes
+    the garbage-collector callbacks away during it)."""
+    yield
+    resilient.testing.reset_registries()
 
 
 def _never_opens(name: str, *, timed: bool = False) -> CircuitBreaker:
