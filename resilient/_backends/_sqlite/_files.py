@@ -137,22 +137,27 @@ class LockFiles:
         flock, so a file unlinked meanwhile is never the one held.
         """
         while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = -1
             try:
+                fd = os.open(
+                    path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
                 fcntl.flock(
                     fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB)
                 )
+                ino = os.fstat(fd).st_ino
+                if inode(path) == ino:
+                    return fd, ino
             except OSError as exc:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
                 if exc.errno in _HELD:
                     return None
                 raise
             except BaseException:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
                 raise
-            ino = os.fstat(fd).st_ino
-            if inode(path) == ino:
-                return fd, ino
             os.close(fd)  # Unlinked under us: take the new file.
 
     def take(self, key: LockKey) -> tuple[int, int] | None:
@@ -394,17 +399,30 @@ class Waiter:
     (a wake-up is a hint: the wait's bound and `CHECK` still hold).
     """
 
-    __slots__ = ("_fifo", "_ino", "_pipe", "_poll", "files", "key", "woken")
+    __slots__ = (
+        "_fifo",
+        "_ino",
+        "_open",
+        "_pipe",
+        "_poll",
+        "files",
+        "key",
+        "woken",
+    )
 
     def __init__(self, files: LockFiles, key: LockKey) -> None:
         self.files = files
         self.key = key
+        # Every descriptor, listed as it is made (in the same statement),
+        # so that `close` (or `__del__`, after an interrupt) finds it.
+        self._open: list[int] = []
+        self._fifo: int | None = None
         self.woken = False
         """Whether a release's byte was read and no grant followed yet."""
-        self._fifo: int | None = None
         self._ino = 0
         self._poll = select.poll()
-        self._pipe = os.pipe()
+        self._open.extend(pipe := os.pipe())
+        self._pipe = pipe
         for end in self._pipe:
             os.set_blocking(end, False)
         self._poll.register(self._pipe[0], select.POLLIN)
@@ -415,18 +433,19 @@ class Waiter:
         stem = f"{self.files.dir}/{self.key.hex}"
         if self._fifo is not None:
             self._poll.unregister(self._fifo)
-            os.close(self._fifo)
-            self._fifo = None
+            fifo, self._fifo = self._fifo, None
+            _close(self._open, fifo)
+        path, flags = f"{stem}.wake", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC
         try:
             with contextlib.suppress(FileExistsError):
-                os.mkfifo(f"{stem}.wake", 0o600)
-            fd = os.open(
-                f"{stem}.wake", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC
-            )
+                os.mkfifo(path, 0o600)
+            # Listed at once, in one line (an interrupt's `close` finds it).
+            self._open.append(fifo := os.open(path, flags))
         except OSError:
             return  # No FIFO here: the CHECK looks still serve.
-        self._fifo, self._ino = fd, os.fstat(fd).st_ino
-        self._poll.register(fd, select.POLLIN)
+        self._fifo = fifo
+        self._ino = os.fstat(fifo).st_ino
+        self._poll.register(fifo, select.POLLIN)
         self.mark()
 
     def mark(self) -> None:
@@ -481,16 +500,25 @@ class Waiter:
 
     def close(self) -> None:
         """Close the descriptors (idempotent)."""
-        fds = [*self._pipe, self._fifo]
-        self._pipe = (-1, -1)
         self._fifo = None
-        for fd in fds:
-            if fd is not None and fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        _close(getattr(self, "_open", []))
 
     def __del__(self) -> None:
         self.close()
+
+
+def _close(fds: list[int], only: int | None = None) -> None:
+    """Close *only* (or every descriptor) of *fds*, each taken off first."""
+    while fds:
+        if only is not None:
+            fds.remove(only)
+            fd = only
+        else:
+            fd = fds.pop()
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        if only is not None:
+            return
 
 
 def _drain(fd: int) -> None:
