@@ -10,7 +10,10 @@ an option of the library), as bare backend calls and as the whole
 ``with resilient.lock(...)``; first with nobody listening on the channel,
 then with one session listening (a thread that reads its notifications),
 which is what a process with waiters has open. Rows are interleaved as in
-``bench_locks_servers.py``.
+``bench_locks_servers.py``. Then (if ``pgbench`` is on the PATH) the same
+two statement pairs, acquire then release, run by ``pgbench`` (one client,
+prepared statements, interleaved runs of ``--pgbench-seconds``): the
+server's side with almost no client cost.
 
 Usage::
 
@@ -26,8 +29,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -110,6 +117,87 @@ def cases(url: str) -> dict[str, Callable[[str], Call]]:
     }
 
 
+def pgbench_scripts(url: str, folder: Path) -> dict[str, Path]:
+    """The acquire + release pair as pgbench scripts, with and without."""
+    backend: Any = _postgres.sync_backend(url)
+    backend.acquire(LockKey.of("warm"), OwnerToken(), 1.0)  # Makes the table.
+    sql = backend._sql
+    key, owner = LockKey.of("bench:pgbench"), OwnerToken()
+    values = {
+        b"%(key)s": f"'\\x{key.digest.hex()}'::bytea".encode(),
+        b"%(owner)s": f"'\\x{owner.hex}'::bytea".encode(),
+        b"%(ms)s": b"30000",
+    }
+
+    def bind(text: bytes) -> bytes:
+        for name, value in values.items():
+            text = text.replace(name, value)
+        return b" ".join(text.split())  # pgbench: one line per statement
+
+    acquire = bind(sql._acquire)
+    release = bind(sql._release)
+    start = release.index(NOTIFY)
+    scripts = {
+        "with pg_notify": acquire + b";\n" + release + b";\n",
+        "without": acquire + b";\n" + release[:start] + QUIET + b";\n",
+    }
+    paths = {}
+    for name, text in scripts.items():
+        path = folder / f"{name.replace(' ', '_')}.sql"
+        path.write_bytes(text)
+        paths[name] = path
+    return paths
+
+
+def run_pgbench(url: str, rounds: int, seconds: int) -> None:
+    """Interleaved pgbench runs of both scripts; µs per acquire + release."""
+    binary = shutil.which("pgbench")
+    if binary is None:
+        print("\n(pgbench is not installed: its section is left out)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        scripts = pgbench_scripts(url, Path(tmp))
+        got: dict[str, list[float]] = {name: [] for name in scripts}
+        for r in range(rounds):
+            order = list(scripts) if r % 2 == 0 else list(scripts)[::-1]
+            for name in order:
+                out = subprocess.run(  # noqa: S603
+                    [
+                        binary,
+                        "-n",
+                        "-c",
+                        "1",
+                        "-M",
+                        "prepared",
+                        "-T",
+                        str(seconds),
+                        "-f",
+                        str(scripts[name]),
+                        url,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
+                found = re.search(
+                    r"latency average = ([0-9.]+) ms", out.stdout
+                )
+                assert found, out.stdout + out.stderr
+                got[name].append(float(found.group(1)) * 1000)
+    print(
+        f"\npgbench, one client, prepared, {rounds} interleaved runs of "
+        f"{seconds} s: µs per acquire + release (median, best)"
+    )
+    for name, values in got.items():
+        print(f"{name:16} {statistics.median(values):8.1f} {min(values):8.1f}")
+    with_it = statistics.median(got["with pg_notify"])
+    without = statistics.median(got["without"])
+    print(
+        f"pg_notify adds {with_it - without:+.1f} µs "
+        f"({(with_it / without - 1) * 100:+.0f} %, medians)"
+    )
+
+
 @contextlib.contextmanager
 def listening(url: str) -> Iterator[None]:
     """A session listening on the lock table's channel, read by a thread."""
@@ -162,6 +250,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--calls", type=int, default=100)
     parser.add_argument("--postgres-url")
+    parser.add_argument("--pgbench-rounds", type=int, default=6)
+    parser.add_argument("--pgbench-seconds", type=int, default=3)
+    parser.add_argument("--pgbench-only", action="store_true")
     args, _ = parser.parse_known_args()
     started = None
     url = args.postgres_url
@@ -173,10 +264,11 @@ def main() -> None:
     try:
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"load average {load} at the start")
-        for title, scope in [
+        passes = [
             ("nobody listening", contextlib.nullcontext()),
             ("one session listening", listening(url)),
-        ]:
+        ]
+        for title, scope in [] if args.pgbench_only else passes:
             with scope:
                 print(f"\nUncontended acquire + release, {title}")
                 cpu: dict[str, list[float]] = {}
@@ -184,6 +276,7 @@ def main() -> None:
                     cases(url), url, args.rounds, args.calls, cpu
                 )
                 report(samples, cpu)
+        run_pgbench(url, args.pgbench_rounds, args.pgbench_seconds)
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"\nload average {load} at the end")
     finally:
