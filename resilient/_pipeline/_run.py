@@ -13,6 +13,7 @@ are made only when it fails, and the flow starts from that failure.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -26,7 +27,6 @@ from resilient._pipeline._call import (
     Call,
     arun_hook,
     run_hook,
-    timed_out,
 )
 from resilient._pipeline._fallback import arun_fallback, run_fallback
 from resilient._pipeline._flow import (
@@ -38,8 +38,9 @@ from resilient._pipeline._flow import (
     SLEEP,
     flow,
 )
+from resilient._pipeline._lazy import armed_attempt, suspended
 from resilient._retry._machine import WrongShell
-from resilient._timeout._watchdog import FIRED, TASK, arm, checkpoint, disarm
+from resilient._timeout._watchdog import EAGER, checkpoint, trio_base
 
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 _DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
 _monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
+_get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
 
 
 def bare_ok(policy: RetrySettings) -> bool:
@@ -198,7 +200,7 @@ def drive(
         raise
 
 
-async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coroutine frame less
+async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine frame less
     call: Call,
     gen: Flow,
     fn: Callable[..., Any],
@@ -230,30 +232,32 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
                     sent = None
                 continue
             if op == RUN:
-                if arg == math.inf:
-                    # No deadline: nothing to arm.
-                    try:
-                        result = await fn(*args, **kwargs)
-                    except BaseException as exc:  # noqa: BLE001 - the flow decides
-                        sent = (exc, None)
-                    else:
-                        sent = (None, result)
-                    continue
-                clock = call.clock
-                now = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
-                armed = arm(arg - now)
                 try:
-                    result = await fn(*args, **kwargs)
+                    coro = fn(*args, **kwargs)
+                    if arg == math.inf:  # No deadline: nothing to arm.
+                        sent = (None, await coro)
+                        continue
+                    if type(coro) is _Coroutine:
+                        base = (
+                            None
+                            if _get_running_loop() is not None
+                            else trio_base()
+                        )
+                        if base is not EAGER:
+                            # The deadline armed only if the attempt
+                            # suspends (`resilient._pipeline._lazy`).
+                            try:
+                                trap = coro.send(None)
+                            except StopIteration as stop:
+                                sent = (None, stop.value)
+                                continue
+                            sent = await suspended(
+                                coro, trap, arg, call.clock, base
+                            )
+                            continue
+                    sent = await armed_attempt(coro, arg, call.clock)
                 except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    failed: BaseException | None = exc
-                else:
-                    failed = None
-                try:
-                    if disarm(armed, failed):
-                        failed = timed_out(arg)
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    failed = exc
-                sent = (None, result) if failed is None else (failed, None)
+                    sent = (exc, None)
                 continue
             try:
                 sent = await aperform(call, op, arg)
@@ -282,42 +286,48 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
         if guards is None or bare is not None:
             start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
             budget = policy.budget
-            ticket = None if bare is None else bare.fast_admit()
-            if bare is None or ticket is not None:
-                token = None
-                try:
+            token = ticket = None
+            try:
+                # The admission inside the ``try``: its ticket settled on
+                # every way out.
+                if bare is not None:
+                    ticket = bare.fast_admit()
+                if bare is None or ticket is not None:
                     token = _DEADLINE.set(
                         outer if budget is None else min(outer, start + budget)
                     )
                     result = fn(*args, **kwargs)
                     if type(result) is _Coroutine:
                         raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
-                except BaseException as exc:
-                    if ticket is not None:
-                        bare.fast_settle(ticket, exc)  # type: ignore[union-attr]
-                    if not isinstance(exc, Exception):
-                        raise
-                    failed = exc
-                else:
-                    if ticket is not None:
-                        bare.fast_settle(ticket, None)  # type: ignore[union-attr]
+            except BaseException as exc:
+                if ticket is not None:
+                    bare.fast_settle(ticket, exc)  # type: ignore[union-attr]
+                elif bare is not None:
+                    raise  # The admission's own error: no attempt ran.
+                if not isinstance(exc, Exception):
+                    raise
+                failed = exc
+            else:
+                if ticket is not None:
+                    bare.fast_settle(ticket, None)  # type: ignore[union-attr]
                     return result
-                finally:
-                    if (
-                        token is None
-                    ):  # pragma: no cover - only an asynchronous exception
-                        # Lost between the set and its store (an
-                        # asynchronous exception): put the value back.
-                        _DEADLINE.set(outer)
-                    else:
-                        _DEADLINE.reset(token)
+                if bare is None:
+                    return result
+            finally:
+                if token is not None:
+                    _DEADLINE.reset(token)
+                elif bare is None or ticket is not None:
+                    # Lost between the set and its store (an asynchronous
+                    # exception): put the value back.
+                    _DEADLINE.set(outer)
+            if bare is None or ticket is not None:
                 call = Call(policy, guards, start, outer)
                 return drive(call, flow(call, failed), fn, args, kwargs)
     call = Call(policy, guards)
     return drive(call, flow(call), fn, args, kwargs)
 
 
-async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
+async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, inline for speed
     policy: RetrySettings,
     guards: Guards | None,
     fn: Callable[..., Any],
@@ -353,32 +363,57 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
                     call = Call(policy, None, start, outer)
                     gen = flow(call, exc)
                 return await adrive(call, gen, fn, args, kwargs)
-            ticket = None if bare is None else bare.fast_admit()
-            if bare is None or ticket is not None:
-                token = None
-                try:
+            token = ticket = None
+            failed: BaseException | None = None
+            try:
+                # The admission inside the ``try``: its ticket settled on
+                # every way out.
+                if bare is not None:
+                    ticket = bare.fast_admit()
+                if bare is None or ticket is not None:
                     token = _DEADLINE.set(at)
-                    armed = None if at == math.inf else arm(at - start)
                     try:
-                        result = await fn(*args, **kwargs)
-                    except BaseException as exc:  # noqa: BLE001 - settled first
-                        failed: BaseException | None = exc
-                    else:
-                        failed = None
-                    try:
-                        if type(armed) is list and not armed[FIRED]:
-                            armed[TASK] = None  # disarm(), inline: not fired
-                        elif armed is not None and disarm(armed, failed):
-                            failed = timed_out(at)
+                        coro = fn(*args, **kwargs)
+                        if at == math.inf:  # No deadline: nothing to arm.
+                            result = await coro
+                        elif (
+                            type(coro) is _Coroutine
+                            and (
+                                base := (
+                                    None
+                                    if _get_running_loop() is not None
+                                    else trio_base()
+                                )
+                            )
+                            is not EAGER
+                        ):
+                            # The deadline armed only if the attempt
+                            # suspends (`resilient._pipeline._lazy`).
+                            try:
+                                trap = coro.send(None)
+                            except StopIteration as stop:
+                                result = stop.value
+                            else:
+                                failed, result = await suspended(
+                                    coro, trap, at, clock, base
+                                )
+                        else:
+                            failed, result = await armed_attempt(
+                                coro, at, clock
+                            )
                     except BaseException as exc:  # noqa: BLE001 - settled first
                         failed = exc
-                finally:
-                    if (
-                        token is None
-                    ):  # pragma: no cover - only an asynchronous exception
-                        _DEADLINE.set(outer)  # Lost: see call_sync.
-                    else:
-                        _DEADLINE.reset(token)
+            except BaseException as exc:
+                # The admission's own error, or one that landed here.
+                if ticket is not None:
+                    bare.fast_settle(ticket, exc)  # type: ignore[union-attr]
+                raise
+            finally:
+                if token is not None:
+                    _DEADLINE.reset(token)
+                elif bare is None or ticket is not None:
+                    _DEADLINE.set(outer)  # Lost: see call_sync.
+            if bare is None or ticket is not None:
                 if ticket is not None:
                     await bare.afast_settle(ticket, failed)  # type: ignore[union-attr]
                 if failed is None:

@@ -1,0 +1,74 @@
+"""
+An exception raised at a chosen line of chosen functions, with
+``sys.settrace``: for tests that prove a driver keeps its state when an
+asynchronous exception lands between two of its statements.
+
+A trace function that raises makes the exception appear in the traced
+frame at the start of that line, as ``PyThreadState_SetAsyncExc`` or a
+signal handler's exception would at an eval-breaker check there. The
+tracer in place before (coverage's, under coverage) is put back after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+from collections.abc import Callable, Iterator
+from typing import Any, final
+
+
+__all__ = ["Landed", "at_line"]
+
+
+class Landed(BaseException):
+    """The injected exception: a BaseException, as KeyboardInterrupt."""
+
+
+@final
+class _Tracer:
+    """Raise `Landed` at the first line of *codes* where *when* holds."""
+
+    def __init__(
+        self,
+        codes: frozenset[types.CodeType],
+        when: Callable[[types.FrameType], bool],
+    ) -> None:
+        self.codes = codes
+        self.when = when
+        self.fired = False
+        self.frames: list[str] = []
+
+    def __call__(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        if self.fired or frame.f_code not in self.codes:
+            return None
+        return self.local
+
+    def local(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        if self.fired:
+            return None
+        if event == "line" and self.when(frame):
+            self.fired = True
+            self.frames.append(f"{frame.f_code.co_name}:{frame.f_lineno}")
+            raise Landed
+        return self.local
+
+
+@contextlib.contextmanager
+def at_line(
+    functions: list[Callable[..., Any]],
+    when: Callable[[types.FrameType], bool],
+) -> Iterator[_Tracer]:
+    """
+    Within the block, raise `Landed` once, at the first line event of a
+    frame of one of *functions* for which *when* (given the frame) is true.
+    The tracer tells whether it fired (``.fired``) and where (``.frames``).
+    """
+    codes = frozenset(getattr(f, "__wrapped__", f).__code__ for f in functions)
+    tracer = _Tracer(codes, when)
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        yield tracer
+    finally:
+        sys.settrace(previous)
