@@ -128,7 +128,7 @@ def test_a_cancellation_with_the_deadline_stays_the_callers() -> None:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
-        armed = _watchdog.arm(-1.0)  # Already due: fires next iteration.
+        armed = _watchdog.arm(-1.0)  # Past: cancels the task at once.
         loop.call_soon(task.cancel)  # The caller's, in the same iteration.
         caught: list[bool] = []
         try:
@@ -331,7 +331,7 @@ def test_an_arm_cut_off_leaves_a_dead_entry(
     async def main() -> None:
         monkeypatch.setattr(_watchdog, "heappush", cut_off)
         with pytest.raises(KeyboardInterrupt):
-            _watchdog.arm(0.0)
+            _watchdog.arm(0.001)
         monkeypatch.undo()
         dog = _watchdog._DOGS[asyncio.get_running_loop()]
         assert [e[_watchdog.TASK] for e in dog.heap] == [None]

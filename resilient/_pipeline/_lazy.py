@@ -111,7 +111,7 @@ def suspended(  # noqa: C901 - one frame: the forwarding loop inline
         # asynchronous exception between two steps): the coroutine first,
         # then the deadline around it.
         try:
-            _abandon(coro, exc)
+            abandon_attempt(coro, exc)
         finally:
             release(armed, exc)
         raise
@@ -169,9 +169,13 @@ class _Lost:
 _LOST: Final = _Lost()
 
 
-def _abandon(coro: CoroutineType[Any, Any, Any], exc: BaseException) -> None:
+def abandon_attempt(
+    coro: CoroutineType[Any, Any, Any], exc: BaseException
+) -> None:
     """
-    End *coro*, suspended, because of *exc* outside it: closed for a
+    End *coro*, suspended, because of *exc* outside it (in `suspended`, or
+    in a driver: between the first step and `suspended`'s first line,
+    where no ``try`` of its own can reach): closed for a
     GeneratorExit (PEP 380: what the close raises goes on); else *exc*
     thrown in (its clean-up runs here, then *exc* goes on) and, should the
     coroutine suspend again, closed.

@@ -38,7 +38,7 @@ from resilient._pipeline._flow import (
     SLEEP,
     flow,
 )
-from resilient._pipeline._lazy import armed_attempt, suspended
+from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
 from resilient._retry._machine import WrongShell
 from resilient._timeout._watchdog import EAGER, checkpoint, trio_base
 
@@ -232,6 +232,7 @@ async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine fra
                     sent = None
                 continue
             if op == RUN:
+                coro = None
                 try:
                     coro = fn(*args, **kwargs)
                     if arg == math.inf:  # No deadline: nothing to arm.
@@ -257,6 +258,8 @@ async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine fra
                             continue
                     sent = await armed_attempt(coro, arg, call.clock)
                 except BaseException as exc:  # noqa: BLE001 - the flow decides
+                    if type(coro) is _Coroutine and coro.cr_suspended:
+                        abandon_attempt(coro, exc)  # pragma: no cover - landed
                     sent = (exc, None)
                 continue
             try:
@@ -372,6 +375,7 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                     ticket = bare.fast_admit()
                 if bare is None or ticket is not None:
                     token = _DEADLINE.set(at)
+                    coro = None
                     try:
                         coro = fn(*args, **kwargs)
                         if at == math.inf:  # No deadline: nothing to arm.
@@ -402,6 +406,10 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                                 coro, at, clock
                             )
                     except BaseException as exc:  # noqa: BLE001 - settled first
+                        if type(coro) is _Coroutine and coro.cr_suspended:
+                            abandon_attempt(
+                                coro, exc
+                            )  # pragma: no cover - see it
                         failed = exc
             except BaseException as exc:
                 # The admission's own error, or one that landed here.

@@ -175,6 +175,13 @@ def arm(left: float, base: Any = None) -> Any:
         raise RuntimeError("an attempt deadline needs an asyncio task")
     at = (_monotonic() if dog.native else loop.time()) + left
     entry = [at, next(_SEQ), task, task.cancelling(), False]
+    if left <= 0:
+        # Past already (an attempt armed at its first suspension): the
+        # task is cancelled at this checkpoint, not one loop iteration
+        # later (where a bare yield would already have resumed it).
+        entry[FIRED] = True
+        task.cancel()
+        return entry
     try:
         heap = dog.heap
         heappush(heap, entry)
