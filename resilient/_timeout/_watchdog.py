@@ -219,11 +219,11 @@ def disarm(armed: Any, exc: BaseException | None) -> bool:
 def trio_base() -> Any:
     """
     Where in trio's tree of cancel statuses an attempt starts (the current
-    task's), for `arm` at its first suspension; None on asyncio, `EAGER`
-    on a trio whose tree cannot be spliced (then arm before the attempt).
+    task's), for `arm` at its first suspension, when no asyncio loop runs
+    here (the drivers ask ``_get_running_loop()`` first; on asyncio the
+    base is None); `EAGER` on a trio whose tree cannot be spliced (then arm
+    before the attempt).
     """
-    if _get_running_loop() is not None:
-        return None
     if _trio is None:
         _import_trio()
     if not _SPLICE:  # pragma: no cover - every trio this supports can
