@@ -128,7 +128,7 @@ def test_a_cancellation_with_the_deadline_stays_the_callers() -> None:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
-        armed = _watchdog.arm(-1.0)  # Past: cancels the task at once.
+        armed = _watchdog.arm(-1.0)  # Past: fires next iteration.
         loop.call_soon(task.cancel)  # The caller's, in the same iteration.
         caught: list[bool] = []
         try:
@@ -407,3 +407,20 @@ def test_a_closed_loop_is_freed() -> None:
     gc.collect()
     assert freed() is None
     assert len(_watchdog._DOGS) == count - 1
+
+
+def test_a_past_deadline_of_an_attempt_that_ended_cancels_nothing() -> None:
+    """asyncio: a deadline armed already past (the watchdog's next-callback
+    path) for code that ends before the loop runs it, without suspending
+    (a block with no await, a future already done), cancels nothing: the
+    task neither counts a cancellation nor receives one later."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        armed = _watchdog.arm(-1.0)
+        assert not _watchdog.disarm(armed, None)
+        await asyncio.sleep(0.01)  # Would raise CancelledError.
+        assert task.cancelling() == 0
+
+    asyncio.run(main())

@@ -127,6 +127,15 @@ class _Watchdog:
             self.arm(heap[0][_AT], loop)
 
 
+def _fire(entry: list[Any]) -> None:
+    """Cancel the task of *entry*, an attempt past its deadline, unless
+    it has ended."""
+    task = entry[TASK]
+    if task is not None:
+        entry[FIRED] = True
+        task.cancel()
+
+
 _SEQ: Final = itertools.count()
 
 # One watchdog per event loop; the last one looked up, first (one identity
@@ -176,11 +185,12 @@ def arm(left: float, base: Any = None) -> Any:
     at = (_monotonic() if dog.native else loop.time()) + left
     entry = [at, next(_SEQ), task, task.cancelling(), False]
     if left <= 0:
-        # Past already (an attempt armed at its first suspension): the
-        # task is cancelled at this checkpoint, not one loop iteration
-        # later (where a bare yield would already have resumed it).
-        entry[FIRED] = True
-        task.cancel()
+        # Past already (an attempt armed at its first suspension): a
+        # callback queued now runs before the task's own wake-up from the
+        # suspension that follows (a timer would run after it, once a bare
+        # yield had resumed the attempt), and cancels it only if the
+        # attempt has not ended by then.
+        loop.call_soon(_fire, entry)
         return entry
     try:
         heap = dog.heap
