@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import types
 from typing import Any
 
@@ -200,3 +201,120 @@ def test_the_block_forms_flow_is_released_when_an_exception_lands(
     assert tracer.fired
     assert landed.value is not None  # Alive: its frames hold the flow.
     assert bulkhead.statistics().in_use == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_exception_at_each_line_of_the_async_driver(backend: str) -> None:
+    """
+    An exception landing at each line in turn of the async drivers and the
+    forwarder (a call whose first attempt fails at once and whose retry
+    suspends three times, through a bulkhead, under a budget) ends the
+    call with it or lets it finish, and every time leaves things as they
+    were: the slot free, no deadline current, nothing armed, no
+    cancellation pending, and the attempt's coroutine, if it began to
+    wait, closed.
+    """
+    policy = _policy(
+        budget=30.0, bulkhead=BulkheadConfig(max_concurrent=1, max_wait=0)
+    )
+    bulkhead = get_bulkhead(policy.name, policy.bulkhead)
+    calls: list[int] = []
+    waits: list[str] = []
+
+    @resilient.retry(policy)
+    async def body() -> str:
+        calls.append(1)
+        if len(calls) % 2:
+            raise ValueError
+        waits.append("begun")
+        try:
+            for _ in range(3):
+                await anyio.sleep(0.001)
+        finally:
+            waits.append("ended")
+        return "ok"
+
+    functions = [_run.call_async, _run.adrive, _lazy.suspended]
+
+    async def main() -> int:
+        n = 0
+        while True:
+            n += 1
+            calls.clear()
+            waits.clear()
+            before = _cancel_state(backend)
+            count = itertools.count(1)
+
+            def nth(
+                frame: types.FrameType,
+                n: int = n,
+                count: itertools.count[int] = count,
+            ) -> bool:
+                return next(count) == n
+
+            kept: list[BaseException] = []  # Alive: nothing may rely on GC.
+            try:
+                with at_line(functions, nth) as tracer:
+                    assert await body() == "ok"
+            except Landed as exc:
+                kept.append(exc)
+            assert waits.count("begun") == waits.count("ended"), (
+                n,
+                tracer.frames,
+            )
+            assert bulkhead.statistics().in_use == 0, (n, tracer.frames)
+            assert resilient.remaining() == math.inf, (n, tracer.frames)
+            assert _cancel_state(backend) == before, (n, tracer.frames)
+            await anyio.lowlevel.checkpoint()
+            if backend == "asyncio":
+                dog = _watchdog._DOGS.get(asyncio.get_running_loop())
+                heap = [] if dog is None else dog.heap
+                assert all(e[_watchdog.TASK] is None for e in heap), n
+            if not tracer.fired:
+                return n
+
+    assert anyio.run(main, backend=backend) > 50
+
+
+def test_an_exception_at_each_line_of_the_sync_driver() -> None:
+    """The sync twin of the sweep above: an exception at each line in turn
+    of `call_sync` and `drive` (a first attempt that fails, a retry that
+    succeeds, through a bulkhead) leaves the slot free and no deadline
+    current."""
+    policy = _policy(
+        budget=30.0, bulkhead=BulkheadConfig(max_concurrent=1, max_wait=0)
+    )
+    bulkhead = get_bulkhead(policy.name, policy.bulkhead)
+    calls: list[int] = []
+
+    @resilient.retry(policy)
+    def body() -> str:
+        calls.append(1)
+        if len(calls) % 2:
+            raise ValueError
+        return "ok"
+
+    n = 0
+    while True:
+        n += 1
+        calls.clear()
+        count = itertools.count(1)
+
+        def nth(
+            frame: types.FrameType,
+            n: int = n,
+            count: itertools.count[int] = count,
+        ) -> bool:
+            return next(count) == n
+
+        kept: list[BaseException] = []  # Alive: nothing may rely on GC.
+        try:
+            with at_line([_run.call_sync, _run.drive], nth) as tracer:
+                assert body() == "ok"
+        except Landed as exc:
+            kept.append(exc)
+        assert bulkhead.statistics().in_use == 0, (n, tracer.frames)
+        assert resilient.remaining() == math.inf, (n, tracer.frames)
+        if not tracer.fired:
+            break
+    assert n > 20

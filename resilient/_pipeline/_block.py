@@ -44,13 +44,20 @@ _PASS: Final = frozenset({READY, RUN, NEXT})
 
 
 def _step(
-    call: Call, gen: Flow, sent: Any, stops: frozenset[int]
+    call: Call,
+    gen: Flow,
+    sent: Any,
+    stops: frozenset[int],
+    *,
+    op: int = 0,
+    arg: Any = None,
 ) -> tuple[int, Any] | None:
     """
     Drive *gen* (sync effects) to its next stop; None at its end. An
     exception outside the flow (one that lands here between two effects)
     is thrown into it first, so that it releases what it holds here and
-    now (`abandon`), not when the garbage collector frees it.
+    now (`abandon`), not when the garbage collector frees it. (*op* and
+    *arg*, the last effect, are parameters for the reason `drive`'s are.)
     """
     try:
         # Inside the try: CPython 3.11 raises an exception that lands at
@@ -75,12 +82,18 @@ def _step(
             except BaseException as exc:  # noqa: BLE001 - the flow decides
                 thrown = exc
     except BaseException as exc:
-        abandon(call, gen, exc)
+        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
         raise
 
 
 async def _astep(
-    call: Call, gen: Flow, sent: Any, stops: frozenset[int]
+    call: Call,
+    gen: Flow,
+    sent: Any,
+    stops: frozenset[int],
+    *,
+    op: int = 0,
+    arg: Any = None,
 ) -> tuple[int, Any] | None:
     """`_step` with async effects."""
     try:
@@ -104,7 +117,7 @@ async def _astep(
             except BaseException as exc:  # noqa: BLE001 - the flow decides
                 thrown = exc
     except BaseException as exc:
-        abandon(call, gen, exc)
+        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
         raise
 
 

@@ -173,9 +173,10 @@ def abandon_attempt(
     coro: CoroutineType[Any, Any, Any], exc: BaseException
 ) -> None:
     """
-    End *coro*, suspended, because of *exc* outside it (in `suspended`, or
-    in a driver: between the first step and `suspended`'s first line,
-    where no ``try`` of its own can reach): closed for a
+    End *coro*, suspended or not started, because of *exc* outside it (in
+    `suspended`, or in a driver: between the call that made it and its
+    first step, or the first step and `suspended`'s first line, where no
+    ``try`` of its own can reach): closed for a
     GeneratorExit (PEP 380: what the close raises goes on); else *exc*
     thrown in (its clean-up runs here, then *exc* goes on) and, should the
     coroutine suspend again, closed.
