@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import traceback
 import types
 from typing import Any
@@ -370,3 +371,64 @@ def test_exceptions_landing_between_steps_leave_nothing_armed(
 
     lines = anyio.run(main, backend=backend)
     assert lines > 10
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("step", [1, 2], ids=["first-step", "later-step"])
+def test_an_exception_right_after_a_step_goes_into_the_attempt(
+    backend: str, step: int
+) -> None:
+    """An exception landing right after a step of the attempt returned
+    (where CPython checks for asynchronous ones after a call; injected as
+    the ``c_return`` profile event of ``coro.send``), with the attempt
+    suspended and what it yielded not yet passed on, is thrown into the
+    attempt: its clean-up runs there and then, the exception ends the call,
+    and nothing is left armed."""
+    cleaned: list[int] = []
+    coros: list[Any] = []
+
+    async def attempt() -> str:
+        try:
+            for _ in range(3):
+                await anyio.sleep(0.001)
+        finally:
+            cleaned.append(1)
+        return "ok"  # pragma: no cover - interrupted
+
+    def fn() -> Any:
+        coro = attempt()
+        coros.append(coro)
+        return coro
+
+    _, shell = _run.shells(_policy(budget=30.0), None)
+    sends = itertools.count(1)
+
+    def profile(frame: types.FrameType, event: str, arg: Any) -> None:
+        if (
+            event == "c_return"
+            and getattr(arg, "__name__", "") == "send"
+            and coros
+            and getattr(arg, "__self__", None) is coros[0]
+            and next(sends) == step
+        ):
+            raise Landed
+
+    async def main() -> None:
+        before = _cancel_state(backend)
+        previous = sys.getprofile()
+        sys.setprofile(profile)
+        try:
+            with pytest.raises(Landed):
+                await shell(fn, (), {})
+        finally:
+            sys.setprofile(previous)
+        assert cleaned == [1]
+        assert coros[0].cr_frame is None
+        assert _cancel_state(backend) == before
+        await anyio.lowlevel.checkpoint()
+        if backend == "asyncio":
+            dog = _watchdog._DOGS.get(asyncio.get_running_loop())
+            heap = [] if dog is None else dog.heap
+            assert all(e[_watchdog.TASK] is None for e in heap)
+
+    anyio.run(main, backend=backend)

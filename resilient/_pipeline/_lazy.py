@@ -96,7 +96,7 @@ def suspended(  # noqa: C901 - one frame: the forwarding loop inline
                 result = stop.value
                 break
             except BaseException as exc:  # noqa: BLE001 - the attempt's outcome
-                if coro.cr_suspended:
+                if coro.cr_suspended:  # pragma: no cover - landed
                     # Landed here once the step had returned (its trap is
                     # lost): thrown into the coroutine, as if it had
                     # landed there.
@@ -154,7 +154,7 @@ def release(armed: Any, exc: BaseException) -> None:
         return
     try:
         disarm(armed, exc)
-    except BaseException:  # noqa: BLE001 - *exc* goes on
+    except BaseException:  # noqa: BLE001 # pragma: no cover - *exc* goes on
         if type(armed) is list:
             armed[TASK] = None
 
