@@ -26,6 +26,7 @@ Usage::
 
     python benchmarks/bench_locks_servers.py [--quick] [--rounds N]
         [--calls N] [--json FILE] [--redis-url URL] [--postgres-url URL]
+        [--case NAME]
 
 Without URLs it starts throwaway servers (``redis-server``; ``initdb`` and
 ``postgres``) with ``tests/services.py``. Not a test: it asserts nothing.
@@ -297,6 +298,29 @@ def servers(args: argparse.Namespace) -> Iterator[tuple[str, int, str, int]]:
             s.stop()
 
 
+def one_case(args: argparse.Namespace) -> None:
+    """
+    ``--case``: one Redis row alone, for an instruction count that the
+    machine's load does not disturb. Run it under callgrind twice, with
+    ``--calls 0`` and ``--calls 1000``; the difference over 1000 is the
+    client's instructions per call::
+
+        valgrind --tool=callgrind python benchmarks/bench_locks_servers.py \
+            --redis-url redis://127.0.0.1:6379/0 --case "resilient.lock" \
+            --calls 1000
+    """
+    url = args.redis_url
+    assert url, "--case needs --redis-url (no server is started)"
+    cases = redis_cases(url)
+    names = [n for n in cases if n.startswith(args.case)]
+    assert len(names) == 1, f"--case {args.case!r} matches {names}"
+    call = cases[names[0]](url)
+    for _ in range(200):
+        call()
+    for _ in range(args.calls):
+        call()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--rounds", type=int, default=15)
@@ -305,10 +329,18 @@ def main() -> None:
     parser.add_argument("--json", help="also write the samples to FILE")
     parser.add_argument("--redis-url")
     parser.add_argument("--postgres-url")
+    parser.add_argument(
+        "--case",
+        help="run only the Redis row whose name starts with CASE, --calls "
+        "times after a warm-up, and print nothing else (for callgrind)",
+    )
     # ``nox -s bench`` passes the other scripts' options to every script.
     args, _ = parser.parse_known_args()
     if args.quick:
         args.rounds, args.calls = 5, 50
+    if args.case is not None:
+        one_case(args)
+        return
     with servers(args) as (rurl, rport, purl, pport):
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         print(f"load average {load} at the start\n")

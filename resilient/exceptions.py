@@ -408,8 +408,10 @@ class LockBackendError(ResilientError):
 
     A lock never reads it as acquired, renewed or released: a failed
     acquire is tried again within the wait's deadline when `retryable`, a
-    failed renewal is retried until the lease's validity runs out, and a
-    failed release leaves the lease to expire on the store.
+    failed renewal is retried until the lease's validity runs out when
+    `retryable` (and otherwise loses the lease at once: `LockLost` with
+    reason ``"refused"``, this error as its cause), and a failed release
+    leaves the lease to expire on the store.
 
     The message names the scheme, the store's host and port and its error
     code, never the whole URL (it may hold a password) nor an owner token.
@@ -509,8 +511,10 @@ class LockLost(ResilientError):
         name: The lock's name.
         fence: The fencing token of the lost lease.
         reason: ``"gone"`` (the store said it is not ours), ``"expired"``
-            (not renewed in time on our clock) or ``"forked"`` (this
-            process is a fork of the holder).
+            (not renewed in time on our clock), ``"refused"`` (the store
+            refused a renewal for good, such as a revoked password or
+            permission: the `LockBackendError` is the ``__cause__``) or
+            ``"forked"`` (this process is a fork of the holder).
     """
 
     def __init__(self, name: str, fence: int, reason: str) -> None:
@@ -523,6 +527,7 @@ class LockLost(ResilientError):
         why = {
             "gone": "the store no longer holds it",
             "expired": "it was not renewed before its lease ran out",
+            "refused": "the store refused its renewal for good",
             "forked": "this process is a fork of the holder",
         }.get(self.reason, self.reason)
         return f"lock {self.name!r} lost (fence {self.fence}): {why}"

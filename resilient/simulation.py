@@ -36,13 +36,19 @@ from resilient._simulate._render import (
     render_text,
     short_label,
 )
-from resilient._simulate._result import CallOutcome, SimulationResult, Summary
+from resilient._simulate._result import (
+    CallOutcome,
+    Calls,
+    SimulationResult,
+    Summary,
+)
 
 
 # Plain `sorted()` order, which tests/test_public_api.py checks; ruff's
 # isort-style order would put the constant first.
 __all__ = [  # noqa: RUF022
     "CallOutcome",
+    "Calls",
     "STRATEGIES",
     "SimulationConfig",
     "SimulationResult",

@@ -189,3 +189,20 @@ def test_a_process_pool_gets_every_exception_back() -> None:
             assert back is not None
             _same(exc, back, pickled=True)
         assert done.result(timeout=60) == 3
+
+
+@pytest.mark.parametrize(
+    ("reason", "says"),
+    [
+        ("gone", "the store no longer holds it"),
+        ("expired", "it was not renewed before its lease ran out"),
+        ("refused", "the store refused its renewal for good"),
+        ("forked", "this process is a fork of the holder"),
+    ],
+)
+def test_lock_lost_says_why_in_words(reason: str, says: str) -> None:
+    """Each reason a lease can be lost for reads as words in the message,
+    the renewal the store refused for good included (it printed the bare
+    code before)."""
+    lost = resilient.LockLost("nightly", 7, reason)
+    assert str(lost) == f"lock 'nightly' lost (fence 7): {says}"

@@ -28,6 +28,7 @@ from resilient._backends import (
 )
 from resilient._backends import _memory as memory
 from resilient._lock import _lease, _renewer
+from resilient.exceptions import LockBackendError
 from resilient.testing import FakeClock
 from tests.conftest import Driver, Telemetry
 
@@ -503,6 +504,46 @@ class TestLoss:
                 assert not lease.held
                 assert lease.valid_for() == 0.0
         assert info.value.reason == "expired"
+
+    @pytest.mark.parametrize("retryable", [False, True])
+    def test_a_renewal_the_store_refuses_for_good_loses_at_once(
+        self,
+        url: str,
+        clock: FakeClock,
+        monkeypatch: pytest.MonkeyPatch,
+        retryable: bool,
+    ) -> None:
+        """A renewal refused with a `LockBackendError` that retrying cannot
+        cure (a refused login) loses the lease at that renewal, reason
+        "refused", the store's error as the cause; a retryable one (a
+        dropped connection) is retried until the validity runs out, reason
+        "expired". A manual `renew()` that is refused loses it too."""
+        store = memory.store(url)
+        refusal = LockBackendError(
+            "memory", "NOAUTH", "refused", retryable=retryable, where="here:1"
+        )
+
+        def refuse(batch: Sequence[Renewal]) -> list[bool]:
+            raise refusal
+
+        with pytest.raises(resilient.LockLost) as info:  # noqa: SIM117
+            with resilient.lock("job", backend=url, ttl=3.0) as lease:
+                monkeypatch.setattr(store, "renew", refuse)
+                settle(clock, 1.5, steps=6)  # Past the first renewal (1 s).
+                assert lease.lost is not retryable
+                settle(clock, 1.5, steps=6)
+        if retryable:
+            assert info.value.reason == "expired"
+            return
+        assert info.value.reason == "refused"
+        assert info.value.__cause__ is refusal
+        assert any("here:1" in note for note in info.value.__notes__)
+        lock = resilient.lock("job", backend=url, ttl=3.0)
+        with pytest.raises(resilient.LockLost) as info, lock as lease:
+            with pytest.raises(LockBackendError):
+                lease.renew()
+            assert lease.lost
+        assert info.value.reason == "refused"
 
     def test_the_block_scope_carries_lock_lost_as_its_reason(
         self, url: str, clock: FakeClock

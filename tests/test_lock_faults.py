@@ -520,6 +520,139 @@ def test_postgres_unknown_role_fails_at_once(
     assert "pw1234" not in str(error)
 
 
+# A renewal the store refuses for good (a password changed, a privilege
+# revoked mid-lease) is a configuration error too: the lease is lost at that
+# renewal ("refused", the store's LockBackendError as the cause), not
+# retried until its validity runs out (TTL_REFUSED here; "expired").
+
+TTL_REFUSED = 3.0
+
+
+def _lost_by_refusal(
+    url: str, colour: str, refuse: Callable[[], None]
+) -> LockLost:
+    """Hold a lock on *url*, *refuse* its renewals, and return the LockLost
+    that ends the block (sync, or an async task)."""
+    lock = resilient.lock(
+        f"refused-{colour}",
+        backend=url,
+        ttl=TTL_REFUSED,
+        renew_interval=0.1,
+        timeout=WAIT,
+    )
+    if colour == "sync":
+        with pytest.raises(LockLost) as info, lock as lease:
+            refuse()
+            while True:  # Ends with the loss (at the latest the validity).
+                lease.checkpoint()
+                time.sleep(0.005)
+        return info.value
+
+    async def main() -> LockLost:
+        with pytest.raises(LockLost) as info:
+            async with lock as lease:
+                refuse()
+                while True:
+                    lease.checkpoint()
+                    await anyio.sleep(0.005)
+        return info.value
+
+    return anyio.run(main, backend=colour)
+
+
+def _refused(lost: LockLost, reason: str, where: str) -> LockBackendError:
+    assert lost.reason == "refused", lost.reason
+    cause = lost.__cause__
+    assert isinstance(cause, LockBackendError)
+    assert (cause.reason, cause.retryable, cause.where) == (
+        reason,
+        False,
+        where,
+    )
+    assert any(where in note for note in lost.__notes__)
+    return cause
+
+
+@pytest.mark.redis
+def test_redis_renewal_after_a_password_change_loses_the_lease_at_once(
+    test_services: Services, colour: str
+) -> None:
+    """The server's password changes mid-lease and its connections are
+    dropped: the next renewal's login is refused (NOAUTH), and the holder
+    gets LockLost("refused") naming the store at once, instead of retrying
+    the login until the lease's validity runs out ("expired"). Neither
+    password shows in the error."""
+    import redis
+
+    server = test_services.redis(extra=("--requirepass", "sesame"))
+    try:
+        url = f"redis://:sesame@127.0.0.1:{server.port}/0?timeout=0.5"
+
+        def change_password() -> None:
+            admin = redis.Redis(port=server.port, password="sesame")  # noqa: S106
+            admin.config_set("requirepass", "rotated")
+            admin.client_kill_filter(_type="normal", skipme=True)
+            admin.close()
+
+        lost = _lost_by_refusal(url, colour, change_password)
+        cause = _refused(lost, "NOAUTH", f"127.0.0.1:{server.port}")
+        for text in (str(lost), str(cause), *lost.__notes__):
+            assert "sesame" not in text
+            assert "rotated" not in text
+    finally:
+        test_services.release(server)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("refusal", ["42501", "28000"])
+def test_postgres_renewal_refused_loses_the_lease_at_once(
+    postgres_url: str, colour: str, refusal: str
+) -> None:
+    """Mid-lease, the lock's role loses its UPDATE privilege on the lease
+    table (42501), or its right to log in while its sessions are ended
+    (28000): the next renewal is refused and the holder gets
+    LockLost("refused") naming the store, not "expired" after retrying."""
+    import uuid
+
+    import psycopg
+
+    from tests.service_fixtures import with_query
+
+    table = f"renew_{uuid.uuid4().hex[:12]}"
+    role = f"r_{table}"
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(
+            f"CREATE TABLE {table} (key bytea PRIMARY KEY, owner bytea, "
+            "fence bigint NOT NULL, expires_at timestamptz NOT NULL)"
+        )
+        admin.execute(
+            f"GRANT SELECT, INSERT, UPDATE, DELETE ON {table} TO {role}"
+        )
+    url = with_query(
+        postgres_url.replace("postgres@", f"{role}:hunter2@", 1),
+        table=table,
+        timeout="0.5",
+    )
+
+    def refuse() -> None:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            if refusal == "42501":
+                admin.execute(f"REVOKE UPDATE ON {table} FROM {role}")
+            else:
+                admin.execute(f"ALTER ROLE {role} NOLOGIN")
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE usename = %s",
+                    (role,),
+                )
+
+    lost = _lost_by_refusal(url, colour, refuse)
+    port = postgres_url.rsplit(":", 1)[1].split("/", maxsplit=1)[0]
+    cause = _refused(lost, refusal, f"127.0.0.1:{port}")
+    assert "hunter2" not in str(cause)
+
+
 @pytest.mark.redis
 def test_a_key_overwritten_mid_lease_is_lost_at_the_next_renewal(
     redis_server: RedisServer,

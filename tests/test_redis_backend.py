@@ -194,6 +194,43 @@ def test_noscript_after_script_flush_reloads(
     assert shell.release(key, owner) is ReleaseResult.RELEASED
 
 
+def test_a_kept_connection_the_server_closed_is_not_used(
+    own_server: tuple[Shell, redis.Redis], colour: str
+) -> None:
+    """The backend keeps its answered connections for the next call; when
+    the server closes them while they are idle (``CLIENT KILL``, an idle
+    timeout), the next sync call notices before sending and uses a new one:
+    no call fails, and each still answers truly. (On asyncio, redis-py's
+    own check cannot see the closed socket before reading, as with its
+    pool before: that first call fails as a retryable ``connection``
+    error, and the next one is answered.)"""
+    shell, client = own_server
+    key, owner = LockKey.of("kept"), OwnerToken()
+
+    def after_kill(call: Callable[[], object]) -> object:
+        client.client_kill_filter(_type="normal", skipme=True)
+        if colour != "asyncio":
+            return call()
+        with pytest.raises(LockBackendError) as info:
+            call()
+        assert (info.value.reason, info.value.retryable) == (
+            "connection",
+            True,
+        )
+        return call()
+
+    assert isinstance(shell.acquire(key, owner, 5.0), Grant)
+    before = {c["id"] for c in client.client_list()}
+    assert after_kill(lambda: shell.renew([Renewal(key, owner, 5.0)])) == [
+        True
+    ]
+    released = after_kill(lambda: shell.release(key, owner))
+    assert released is ReleaseResult.RELEASED
+    assert shell.release(key, owner) is ReleaseResult.NOT_HELD
+    after = {c["id"] for c in client.client_list()}
+    assert after - before  # The backend's new connection.
+
+
 def test_wrongtype_is_not_retryable(
     own_server: tuple[Shell, redis.Redis],
 ) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gc
 import itertools
 import math
-from typing import Any
 
 import pytest
 
@@ -254,20 +253,24 @@ class TestTheGuardSeam:
         """
         heard: list[tuple[int, bool]] = []
         begun: list[float] = []
+        attempts: dict[int, int] = {}
 
         class OnlyFirstAttempts:
             def begin(self, now: float) -> None:
                 begun.append(now)
 
-            def admit(self, now: float, client: Any) -> Exception | None:
-                if client.machine.attempt == 1:
+            def admit(
+                self, now: float, call: int, attempt: int
+            ) -> Exception | None:
+                attempts[call] = attempt
+                if attempt == 1:
                     return None
                 return KeyError("refused")
 
             def record(
-                self, now: float, client: Any, error: Exception | None
+                self, now: float, call: int, error: Exception | None
             ) -> None:
-                heard.append((client.machine.attempt, error is None))
+                heard.append((attempts[call], error is None))
 
         monkeypatch.setattr(
             _engine, "_guard", lambda config, clock: OnlyFirstAttempts()
@@ -651,9 +654,8 @@ class TestTheEngineCost:
         times = [0.5, 0.0, 0.5, 1e-9, 3.0, 0.0, 2.0**-10, 1e308, 1e308]
         calendar = _engine._Calendar(times)
         out = []
-        while calendar.current or calendar.next_slot():
-            at, seq, _ = calendar.current.pop()
-            out.append((at, seq))
+        while (events := calendar.next_slot()) is not None:
+            out += events
         assert out == sorted((at, seq) for seq, at in enumerate(times))
 
     def test_waits_under_a_millisecond_keep_their_order(self) -> None:
@@ -698,9 +700,9 @@ class TestTheEngineCost:
 
     def test_a_run_stopped_early_makes_no_late_clients(self) -> None:
         """
-        A client is made at its first attempt: with a duration that ends
-        before most calls start, those calls are unfinished with one
-        attempt counted and no end, as before.
+        A call's machine is made at its first failure, never before its
+        start: with a duration that ends before most calls start, those
+        calls are unfinished with one attempt counted and no end, as before.
         """
         result = sim.simulate(
             sim.SimulationConfig(clients=100, spread=10.0, duration=1.0)
@@ -735,3 +737,63 @@ class TestTheEngineCost:
                 "unfinished",
             )
             assert result.served[0] == 1
+
+
+class TestTheCallColumns:
+    def test_calls_are_columns_equal_to_the_outcomes(
+        self, full: sim.SimulationResult
+    ) -> None:
+        """
+        A run's calls are a `Calls` over four columns, one entry per call,
+        equal to the tuple of `CallOutcome` it stands for (and to another
+        `Calls` with the same columns), indexable and sliceable like it,
+        and hashable with the frozen result.
+        """
+        calls = full.calls
+        assert isinstance(calls, sim.Calls)
+        outcomes = tuple(calls)
+        assert len(calls.starts) == len(calls.ends) == len(outcomes) == 1000
+        assert calls == outcomes
+        assert calls == list(outcomes)
+        assert calls != outcomes[:-1]
+        assert calls != "not calls"
+        assert calls[-1] == outcomes[-1] == calls[999]
+        assert calls[10:13] == outcomes[10:13]
+        assert [c.client for c in calls[10:13]] == [10, 11, 12]
+        copy = sim.Calls(
+            calls.starts, calls.ends, calls.attempts, calls.reasons
+        )
+        assert copy == calls
+        assert hash(copy) == hash(calls)
+        assert hash(full) == hash(full)
+        assert (calls.attempts[0], calls.reasons[0]) == (
+            outcomes[0].attempts,
+            outcomes[0].reason,
+        )
+        assert repr(calls) == "<Calls: 1000 calls>"
+        with pytest.raises(IndexError):
+            calls[1000]
+
+    def test_columns_of_different_lengths_are_refused(self) -> None:
+        """A `Calls` whose columns differ in length is never made."""
+        with pytest.raises(ValueError, match="differ in length"):
+            sim.Calls([0.0], [None], [1, 1], ["unfinished"])
+
+
+class TestTheBuckets:
+    @pytest.mark.parametrize("width", [0.5, 0.1, 0.3, 1.0, 1e-3, 7.0])
+    def test_a_bucket_and_its_end_are_exact(self, width: float) -> None:
+        """
+        `_Buckets.at` gives the bucket ``int(now // width)`` would, and the
+        smallest time of a later bucket: the float just below it is still
+        in *now*'s bucket. (The run asks it once per bucket, so any error
+        here would move a request into the wrong bucket.)
+        """
+        buckets = _engine._Buckets(width)
+        for k in range(0, 2000, 7):
+            for now in (k * width, k * width * (1 + 1e-16), (k + 0.5) * width):
+                index, end = buckets.at(now)
+                assert index == int(now // width)
+                assert end // width > index
+                assert math.nextafter(end, -math.inf) // width <= index
+                assert end > now

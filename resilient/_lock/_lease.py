@@ -18,7 +18,7 @@ from resilient import _timeout
 from resilient._backends import ReleaseResult, Renewal
 from resilient._core import _clock, _telemetry
 from resilient._lock._machine import LeaseState
-from resilient.exceptions import LockLost
+from resilient.exceptions import LockBackendError, LockLost
 
 
 if TYPE_CHECKING:
@@ -200,9 +200,15 @@ class Lease:
             raise self._lost_error()
 
     def _lost_error(self) -> LockLost:
-        return LockLost(
-            self._lock.key.shown, self.token, self._record.reason or "released"
+        record = self._record
+        error = LockLost(
+            self._lock.key.shown, self.token, record.reason or "released"
         )
+        if record.error is not None:
+            # "refused": the store's error (its code and `where`) says why.
+            error.__cause__ = record.error
+            error.add_note(f"the store refused its renewal: {record.error}")
+        return error
 
     def _lost_now(self) -> bool:
         """
@@ -242,20 +248,39 @@ class Lease:
     def renew(self) -> bool:
         """
         Renew now, without waiting for the renewer (sync backends); whether
-        the store renewed it. A lease the store no longer has is lost.
+        the store renewed it. A lease the store no longer has is lost, and
+        so is one whose renewal the store refuses in a way retrying cannot
+        cure (a `LockBackendError` that is not ``retryable``).
 
         Raises:
             LockLost: The store said the lease is not ours.
+            LockBackendError: The store did not answer, or refused; the
+                lease is then lost if the error is not ``retryable``.
         """
         backend: LockBackend = self._backend  # type: ignore[assignment]
         sent = self._renewing()
-        return self._renewed(sent, backend.renew([self._request()]))
+        try:
+            ok = backend.renew([self._request()])
+        except LockBackendError as exc:
+            self._refused(exc)
+            raise
+        return self._renewed(sent, ok)
 
     async def arenew(self) -> bool:
         """`renew` for async code."""
         backend: AsyncLockBackend = self._backend  # type: ignore[assignment]
         sent = self._renewing()
-        return self._renewed(sent, await backend.renew([self._request()]))
+        try:
+            ok = await backend.renew([self._request()])
+        except LockBackendError as exc:
+            self._refused(exc)
+            raise
+        return self._renewed(sent, ok)
+
+    def _refused(self, exc: LockBackendError) -> None:
+        """A renewal's error: one retrying cannot cure loses the lease."""
+        if not exc.retryable:
+            self._record.lose("refused", exc)
 
     def _renewing(self) -> float:
         self.checkpoint()

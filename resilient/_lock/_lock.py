@@ -182,7 +182,7 @@ class Lock:
             return swallowed
         error = lease._lost_error()  # noqa: SLF001
         if exc is None or swallowed:
-            raise error from exc
+            raise error from (exc if exc is not None else error.__cause__)
         if not isinstance(exc, LockLost):
             exc.add_note(f"while the block ran, {error}")
         return False

@@ -153,7 +153,10 @@ class LeaseRecord:
             renewed.
         due: When the next renewal should be sent.
         state: Held, lost or released.
-        reason: Why it was lost (``"gone"``, ``"expired"``), or None.
+        reason: Why it was lost (``"gone"``, ``"expired"``, ``"refused"``),
+            or None.
+        error: The store's error that refused a renewal (``"refused"``),
+            or None.
     """
 
     __slots__ = (
@@ -161,6 +164,7 @@ class LeaseRecord:
         "_on_lost",
         "config",
         "due",
+        "error",
         "failures",
         "fence",
         "key",
@@ -188,6 +192,7 @@ class LeaseRecord:
         self.due = sent + config.every
         self.state = LeaseState.HELD
         self.reason: str | None = None
+        self.error: BaseException | None = None
         self.failures = 0
         self._on_lost: Callable[[], None] | None = None
 
@@ -211,13 +216,17 @@ class LeaseRecord:
             self.lose("expired")
         return self.state is LeaseState.HELD
 
-    def lose(self, reason: str) -> None:
-        """Mark the lease lost and tell the holder, once."""
+    def lose(self, reason: str, error: BaseException | None = None) -> None:
+        """
+        Mark the lease lost and tell the holder, once; *error* is the
+        store's answer that ended it, if one did (``"refused"``).
+        """
         with self._lock:
             if self.state is not LeaseState.HELD:
                 return
             self.state = LeaseState.LOST
             self.reason = reason
+            self.error = error
             callback = self._on_lost
         if callback is not None:
             callback()

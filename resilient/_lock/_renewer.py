@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._backends import Renewal
 from resilient._core import _clock
+from resilient.exceptions import LockBackendError
 
 
 if TYPE_CHECKING:
@@ -123,9 +124,31 @@ class Renewals:
         self,
         batch: Sequence[LeaseRecord],
         sent: float,
-        results: Sequence[bool] | None,
+        results: Sequence[bool] | BaseException | None,
     ) -> None:
-        """Apply a batch's answers; None when the backend did not answer."""
+        """
+        Apply a batch's answers: None (or an error) when the backend did not
+        answer. An error the store says retrying cannot cure (a refused
+        login or permission: `LockBackendError` with ``retryable`` False)
+        loses every lease of the batch at once (``"refused"``) instead of
+        retrying it until the validity runs out.
+        """
+        if isinstance(results, BaseException):
+            error = results
+            if not (
+                isinstance(error, LockBackendError) and not error.retryable
+            ):
+                results = None
+            else:
+                log.warning(
+                    "lock renewal refused by the store, %d lease(s) lost: %s",
+                    len(batch),
+                    error,
+                )
+                for record in batch:
+                    record.lose("refused", error)
+                    self.remove(record)
+                return
         if results is not None and len(results) != len(batch):
             log.warning(
                 "lock backend answered %d renewals for %d",
@@ -238,8 +261,10 @@ class ThreadRenewer:
             sent = clock.now()
             self.renewals.settle(batch, sent, self._renew(batch))
 
-    def _renew(self, batch: Sequence[LeaseRecord]) -> Sequence[bool] | None:
-        """The backend's answers for *batch*, or None (no answer)."""
+    def _renew(
+        self, batch: Sequence[LeaseRecord]
+    ) -> Sequence[bool] | Exception:
+        """The backend's answers for *batch*, or its error (no answer)."""
         if min(r.valid_until for r in batch) < self._dog_until:
             # A lease the watchdog has not seen yet (its plan is later):
             # tell it before the call. Otherwise it plans to look in time
@@ -251,7 +276,7 @@ class ThreadRenewer:
             return self.backend.renew(_requests(batch))
         except Exception as exc:  # noqa: BLE001 - no answer, retried
             log.debug("lock renewal got no answer: %s", type(exc).__name__)
-            return None
+            return exc
 
     def _watch_soon(self) -> None:
         """
@@ -395,12 +420,13 @@ class TaskRenewer:
         for batch in batches(due, self.backend.max_renew_batch):
             sent = clock.now()
             limit = min(r.valid_until for r in batch) - sent
-            results: Sequence[bool] | None = None
+            results: Sequence[bool] | Exception | None = None
             try:
                 with anyio.move_on_after(max(limit, 0.0)):
                     results = await self.backend.renew(_requests(batch))
             except Exception as exc:  # noqa: BLE001 - no answer, retried
                 log.debug("lock renewal got no answer: %s", type(exc).__name__)
+                results = exc
             self.renewals.settle(batch, sent, results)
 
     async def _run(self) -> None:

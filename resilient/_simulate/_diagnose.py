@@ -87,20 +87,18 @@ def _early(result: SimulationResult) -> list[str]:
     """The calls that ran out of attempts or budget during the outage."""
     c = result.config
     p = c.policy
+    calls = result.calls
     early: dict[str, int] = {}
-    for call in result.calls:
-        if call.reason in {"attempts", "budget"} and (
-            call.end is not None and call.end < c.outage
+    # The columns, not a `CallOutcome` per call: a run may have millions.
+    for end, reason in zip(calls.ends, calls.reasons, strict=True):
+        if reason in {"attempts", "budget"} and (
+            end is not None and end < c.outage
         ):
-            early[call.reason] = early.get(call.reason, 0) + 1
+            early[reason] = early.get(reason, 0) + 1
     n = sum(early.values())
-    if n <= EARLY_GIVE_UPS * len(result.calls):
+    if n <= EARLY_GIVE_UPS * len(calls):
         return []
-    who = (
-        "every call"
-        if n == len(result.calls)
-        else _share(n, len(result.calls))
-    )
+    who = "every call" if n == len(calls) else _share(n, len(calls))
     raise_ = []
     if early.get("attempts"):
         raise_.append(f"--attempts (now {p.attempts})")
@@ -122,7 +120,7 @@ def _breaker(result: SimulationResult) -> list[str]:
         return []
     lines = []
     calls = len(result.calls)
-    waited = sum(1 for call in result.calls if call.reason == "breaker_open")
+    waited = result.calls.reasons.count("breaker_open")
     if waited > BREAKER_GIVE_UPS * calls:
         lines.append(
             f"{_share(waited, calls)} gave up waiting for the breaker to "
@@ -174,7 +172,7 @@ def _budget(result: SimulationResult) -> list[str]:
     if r is None:
         return []
     calls = len(result.calls)
-    refused = sum(1 for c in result.calls if c.reason == "retry_budget")
+    refused = result.calls.reasons.count("retry_budget")
     if refused <= BUDGET_GIVE_UPS * calls:
         return []
     return [

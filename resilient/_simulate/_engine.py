@@ -16,48 +16,59 @@ Every client makes one call; its first attempt starts at a random time in
 second (a Poisson process) until ``rate_until``.
 
 The policy may name a circuit breaker and a retry budget, shared by the
-whole fleet as they would be by every caller in a process: the breaker's
-pure machine is driven with the simulated time, and the real `RetryBudget`
-is handed to every client's `RetryMachine`, which asks it before each retry
-and outwaits an open breaker, exactly as in the library.
+whole fleet as they would be by every caller in a process (`_fleet`): the
+breaker's pure machine is driven with the simulated time, and the real
+`RetryBudget` is handed to every client's `RetryMachine`, which asks it
+before each retry and outwaits an open breaker, exactly as in the library.
 
-The events wait in a calendar queue (`_Calendar`): a slot per 1/1024 s,
-appended to in O(1) and sorted when the run reaches it, so that an event
-costs the same with a hundred clients in flight as with a million (a binary
-heap of a million entries cost 3.4 µs per push and pop here, against
-1.6 µs at 100,000).
+The events wait in a calendar queue (`_calendar`). A call is its number:
+its `RetryMachine` and how it ended are kept in lists by number (columns),
+not in an object per call, and what the run measures is counted per bucket
+as it goes.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import gc
 import heapq
-import inspect
 import math
-import operator
 import random
-from typing import TYPE_CHECKING, Any, Final, Protocol, final
+from typing import TYPE_CHECKING, Final, final
 
 import attrs
 
-from resilient import BreakerState, CircuitOpen, RetryBudget
-from resilient._breaker import _VERDICTS, SUCCESS, Reject, _BreakerMachine
+from resilient import BreakerState
 from resilient._retry import RetryMachine
-from resilient._simulate._config import SimulationConfig
-from resilient._simulate._result import (
-    CallOutcome,
-    SimulationResult,
-    _summarize,
+from resilient._simulate._calendar import (
+    _LAST_SLOT,
+    _SLOTS_PER_SECOND,
+    _Calendar,
+    _time,
 )
+from resilient._simulate._config import SimulationConfig
+from resilient._simulate._fleet import (
+    _BUDGET_TAKES_A_CLOCK,
+    _FleetGuard,
+    _guard,
+    _VirtualClock,
+)
+from resilient._simulate._result import Calls, SimulationResult, _summarize
 from resilient.testing import use_clock
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from resilient._core._decisions import GiveUpReason
 
-    from resilient import BreakerPermit, BreakerTransition, Policy
+
+__all__ = [
+    "_BUDGET_TAKES_A_CLOCK",
+    "_Calendar",
+    "_Run",
+    "_VirtualClock",
+    "_guard",
+    "simulate",
+]
 
 
 class _DownError(ConnectionError):
@@ -72,265 +83,42 @@ _DOWN: Final = _DownError("simulated outage")
 _OVERLOADED: Final = _OverloadedError("simulated overload")
 
 
-@final
-class _VirtualClock:
-    """The simulation's time, read by every client's `RetryMachine`."""
-
-    __slots__ = ("now", "t")
-
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.now: Callable[[], float] = functools.partial(getattr, self, "t")
-        """The time: ``getattr(self, "t")``, called with no Python frame
-        (every decision of every client reads it)."""
-
-    def sleep(self, seconds: float) -> None:
-        raise RuntimeError("the simulator's clock never sleeps")
-
-    async def asleep(self, seconds: float) -> None:
-        raise RuntimeError("the simulator's clock never sleeps")
-
-
-class _Guard(Protocol):
-    """
-    What a client asks before each attempt and tells after it: the seam for
-    the circuit breaker and the retry budget the whole fleet shares.
-    """
-
-    def begin(self, now: float) -> None:
-        """A call starts: its first attempt is about to be made."""
-
-    def admit(self, now: float, client: _Client) -> Exception | None:
-        """
-        None to send *client*'s attempt; else the exception the client
-        sees instead (the request is not sent).
-        """
-
-    def record(
-        self, now: float, client: _Client, error: Exception | None
-    ) -> None:
-        """The dependency answered *client*'s attempt: *error*, or None."""
-
-
-@final
-class _FleetGuard:
-    """
-    The breaker and the retry budget of the policy, shared by every client
-    as they are shared by every caller in a process. Either may be absent.
-
-    The breaker is the library's pure breaker machine, given the simulated
-    time; a rejection is the `CircuitOpen` the breaker's shell raises. The
-    retry budget is the library's `RetryBudget`: it reads the process's
-    clock, which `simulate` points at the simulation's, and the clients'
-    `RetryMachine`s ask it before every retry.
-    """
-
-    __slots__ = ("breaker", "budget", "transitions")
-
-    def __init__(self, policy: Policy, clock: _VirtualClock) -> None:
-        self.breaker = (
-            None
-            if policy.breaker is None
-            else _BreakerMachine(policy.breaker, policy.name)
-        )
-        self.budget = _budget(policy, clock)
-        self.transitions: list[BreakerTransition] = []
-
-    def begin(self, now: float) -> None:
-        if self.budget is not None:
-            self.budget.record_call()
-
-    def admit(self, now: float, client: _Client) -> Exception | None:
-        machine = self.breaker
-        if machine is None:
-            return None
-        decision = machine.admit(now)
-        self._drain(machine)
-        if isinstance(decision, Reject):
-            return CircuitOpen(
-                machine.name, decision.retry_after, decision.state.value
-            )
-        client.permit = decision
-        return None
-
-    def record(
-        self, now: float, client: _Client, error: Exception | None
-    ) -> None:
-        machine, permit = self.breaker, client.permit
-        if machine is None or permit is None:
-            return
-        client.permit = None
-        outcome = (
-            SUCCESS
-            if error is None
-            else _VERDICTS[machine.config.verdict(error)]
-        )
-        machine.record(permit, outcome, now - permit.start, now)
-        self._drain(machine)
-
-    def _drain(self, machine: _BreakerMachine) -> None:
-        if machine.outbox:
-            self.transitions += machine.outbox
-            machine.outbox = []
-
-
-_BUDGET_TAKES_A_CLOCK: Final = (
-    "clock" in inspect.signature(RetryBudget).parameters
-)
-"""Whether `RetryBudget` can read the simulation's clock; if not, `simulate`
-points the process's clock at the simulation's while it runs."""
-
-
-def _budget(policy: Policy, clock: _VirtualClock) -> RetryBudget | None:
-    """The fleet's retry budget, reading *clock* when it can."""
-    config = policy.retry_budget
-    if config is None:
-        return None
-    reads: dict[str, Any] = {"clock": clock} if _BUDGET_TAKES_A_CLOCK else {}
-    return RetryBudget(policy.name, config, **reads)
-
-
-def _guard(config: SimulationConfig, clock: _VirtualClock) -> _Guard | None:
-    """The guard the whole fleet shares for *config*; None for none."""
-    policy = config.policy
-    if policy.breaker is None and policy.retry_budget is None:
-        return None
-    return _FleetGuard(policy, clock)
-
-
 _MAX_ATTEMPTS_PER_CLIENT: Final = 100_000
 
 
-@final
-class _Client:
-    """
-    One client's call: its number, when it started, its machine, and how it
-    ended. Made when its first attempt comes up, not before: a run stopped
-    by its duration never pays for the calls that had not started.
-    """
-
-    __slots__ = (
-        "end",
-        "machine",
-        "number",
-        "permit",
-        "reason",
-        "serving",
-        "start",
+def _endless() -> RuntimeError:
+    return RuntimeError(
+        "simulate(): the clients retry without end; give the policy a "
+        "backoff that waits, or fewer attempts"
     )
-
-    def __init__(self, number: int, start: float, machine: RetryMachine):
-        self.number = number
-        self.start = start
-        self.machine = machine
-        self.end: float | None = None
-        self.reason: str | None = "unfinished"
-        """Why it gave up; None once it succeeded."""
-        self.serving = False
-        """Whether its pending event is the end of a served request."""
-        self.permit: BreakerPermit | None = None
-        """The breaker's permit for the attempt in flight, if any."""
-
-    def outcome(self) -> CallOutcome:
-        reason = self.reason
-        return CallOutcome(
-            self.number,
-            self.start,
-            self.end,
-            self.machine.attempt,
-            ok=reason is None,
-            reason=reason,
-        )
-
-
-# An event is (time, sequence number, what): a client's number for its first
-# attempt (the client is made then), or the client for a later one. The
-# sequence number breaks ties in the order the events were pushed, and the
-# comparison never reaches the third item.
-_Event = tuple[float, int, "int | _Client"]
-
-_SLOTS_PER_SECOND: Final = 1024.0
-_LAST_SLOT: Final = 2**1000
-"""The slot of every event too far away to have a slot of its own."""
-_LAST_SLOT_F: Final = float(_LAST_SLOT)  # Exact: a power of two.
-
-
-def _slot(at: float) -> int:
-    """The calendar's slot of an event at *at* seconds."""
-    slot = at * _SLOTS_PER_SECOND
-    return int(slot) if slot < _LAST_SLOT else _LAST_SLOT
 
 
 @final
-class _Calendar:
+class _Buckets:
     """
-    A priority queue of events for times that only move forward: one list
-    per slot of 1/1024 s, appended to in O(1) and sorted when the run
-    reaches it (latest first, so that the next event is popped off the
-    end). Events come out in (time, sequence) order, exactly as from a
-    heap; `_Run.run` pushes with the same steps, inlined.
-
-    Counts its heap operations, so that a test can check the cost per event
-    without timing it.
+    The load chart's buckets of *width* seconds: the bucket a time falls
+    in, ``int(now // width)``, and the first time of the next bucket, so
+    that a run whose time only moves forward asks once per bucket.
     """
 
-    __slots__ = (
-        "current",
-        "heap_ops",
-        "inserts",
-        "later",
-        "now_slot",
-        "seq",
-        "slots",
-    )
+    __slots__ = ("width",)
 
-    def __init__(self, times: list[float]) -> None:
-        slots: dict[int, list[_Event]] = {}
-        for seq, at in enumerate(times):
-            slot = _slot(at)
-            events = slots.get(slot)
-            if events is None:
-                slots[slot] = [(at, seq, seq)]
-            else:
-                events.append((at, seq, seq))
-        self.slots = slots
-        """The events of the slots after the one being run."""
-        self.later = sorted(slots)
-        """A heap of the keys of `slots`."""
-        self.seq = len(times)
-        """The sequence number of the next event pushed."""
-        self.now_slot = -1
-        self.current: list[_Event] = []
-        """The events of the slot being run, latest first."""
-        self.heap_ops = 0
-        """Pushes and pops on the heap of slots, and insertions into the
-        slot being run: O(log n) steps, the rest are O(1)."""
-        self.inserts = 0
-        """Of those, the insertions into the slot being run."""
+    def __init__(self, width: float) -> None:
+        self.width = width
 
-    def next_slot(self) -> bool:
-        """Move on to the next slot with events; False if there is none."""
-        if not self.later:
-            return False
-        self.now_slot = slot = heapq.heappop(self.later)
-        self.heap_ops += 1
-        events = self.slots.pop(slot)
-        # Latest first, as sort(reverse=True) orders the (time, sequence)
-        # pairs, for less: a slot's events were appended in sequence order,
-        # so reversed they are latest first among equal times, and a
-        # stable sort by time alone (on floats, the sort's fast path) keeps
-        # them so.
-        events.reverse()
-        events.sort(key=_time, reverse=True)
-        self.current = events
-        return True
-
-
-_time: Final = operator.itemgetter(0)
-
-
-def _latest_first(event: _Event) -> tuple[float, int]:
-    return (-event[0], -event[1])
+    def at(self, now: float) -> tuple[int, float]:
+        """The bucket of *now*, and the smallest time in a later one."""
+        width = self.width
+        index = now // width
+        # The smallest float whose bucket is past *now*'s: the product
+        # (index + 1) * width, rounded, may miss it by a few units in the
+        # last place either way.
+        end = (index + 1.0) * width
+        while end // width > index:
+            end = math.nextafter(end, -math.inf)
+        while end // width <= index:
+            end = math.nextafter(end, math.inf)
+        return int(index), end
 
 
 @final
@@ -362,7 +150,15 @@ class _Run:
                 times.append(at)
                 at += draw(rate)
         self.times = times
-        self.clients: list[_Client | None] = [None] * len(times)
+        calls = len(times)
+        # The calls, by number: a column each, not an object per call.
+        self.machines: list[RetryMachine | None] = [None] * calls
+        """Each call's machine, made at its first failure: a call served at
+        once needs none, and a run stopped by its duration never pays for
+        the calls that had not started."""
+        self.ends: list[float | None] = [None] * calls
+        self.reasons: list[str | None] = [_NO] * calls
+        """Why each call gave up; None once it succeeded."""
         self.calendar = _Calendar(times)
 
     def run(self) -> None:  # noqa: C901, PLR0912, PLR0915 (the hot loop)
@@ -378,19 +174,31 @@ class _Run:
         guard = self.guard
         budget = guard.budget if isinstance(guard, _FleetGuard) else None
         service_time = config.service_time
-        width = config.bucket
         outage, capacity, size = config.outage, config.capacity, config.tokens
         tokens, refilled = size, outage
         load, served = self.load, self.served
-        clients, times = self.clients, self.times
+        # The load chart's bucket of the time being run, and when the next
+        # one starts (`_Buckets`): times only move forward.
+        buckets = _Buckets(config.bucket)
+        index, bucket_end = -1, -math.inf
+        machines, ends, reasons = self.machines, self.ends, self.reasons
+        times = self.times
         calendar = self.calendar
-        slots, later, seq = calendar.slots, calendar.later, calendar.seq
-        current, now_slot, next_slot = calendar.current, -1, calendar.next_slot
-        left = _MAX_ATTEMPTS_PER_CLIENT * len(times)
+        slots, later, next_slot = (
+            calendar.slots,
+            calendar.later,
+            calendar.next_slot,
+        )
+        now_slot = -1.0
+        # Events left before the run is stopped as endless: counted a slot
+        # at a time (and at each insertion into the slot being run, which
+        # a policy that never waits fills without end); the ends of served
+        # requests are events too, one per call at most.
+        left = (_MAX_ATTEMPTS_PER_CLIENT + 1) * len(times)
         during_outage = refused = 0
         last = end = 0.0
         overload_end: float | None = None
-        insort, heappush = bisect.insort, heapq.heappush
+        insort, heappush = bisect.insort_right, heapq.heappush
         decide = RetryMachine.decide_error
         # What the policy's retry_on says of the dependency's two errors,
         # asked once (they are the same two objects all run long); a
@@ -400,116 +208,182 @@ class _Run:
             probe.is_transient(_DOWN),
             probe.is_transient(_OVERLOADED),
         )
-        while True:
-            if not current:
-                if not next_slot():
-                    break
-                current, now_slot = calendar.current, calendar.now_slot
-            now, _, what = current.pop()
-            if now >= stop:
-                break
-            clock.t = end = now
-            if isinstance(what, int):
-                start = times[what]
-                machine = RetryMachine(
-                    policy, clock, rng, start, retry_budget=budget
-                )
-                client = clients[what] = _Client(what, start, machine)
-                if guard is not None:
-                    guard.begin(now)
-            else:
-                client = what
-                if client.serving:
-                    if guard is not None:
-                        guard.record(now, client, None)
-                    client.end, client.reason = now, None
-                    continue
-                machine = client.machine
-            left -= 1
+        error: Exception | None
+        transient: bool | None
+        delay: float | GiveUpReason
+        while (current := next_slot()) is not None:
+            now_slot = calendar.now_slot
+            left -= len(current)
             if left < 0:
-                raise RuntimeError(
-                    "simulate(): the clients retry without end; give the "
-                    "policy a backoff that waits, or fewer attempts"
-                )
-            error: Exception | None = (
-                None if guard is None else guard.admit(now, client)
-            )
-            if error is None:
-                # The request reaches the dependency: count it, serve it.
-                index = int(now // width)
-                if index >= len(load):
-                    grow = [0] * (index + 1 - len(load))
-                    load += grow
-                    served += grow
-                load[index] += 1
-                last = now
-                if now < outage:
-                    during_outage += 1
-                    error = _DOWN
-                else:
-                    tokens += (now - refilled) * capacity
-                    if tokens >= size:  # noqa: PLR1730 - min(), without a call
-                        tokens = size
-                    refilled = now
-                    if tokens >= 1.0:
-                        tokens -= 1.0
-                        served[index] += 1
-                        at = now + service_time
-                        if guard is None:
-                            # Nothing waits on the end of a served request
-                            # without a guard: no event for it.
-                            if at < stop:
-                                client.end, client.reason = at, None
-                                end = max(end, at)
+                raise _endless()
+            slot_end = (now_slot + 1.0) / _SLOTS_PER_SECOND  # Exact.
+            if guard is None and slot_end <= outage and slot_end <= stop:
+                # A slot wholly within the outage, without a guard: every
+                # request fails, so count them per slot, not per request.
+                start = now_slot / _SLOTS_PER_SECOND
+                if start >= bucket_end:
+                    index, bucket_end = buckets.at(start)
+                    if index >= len(load):
+                        grow = [0] * (index + 1 - len(load))
+                        load += grow
+                        served += grow
+                if slot_end <= bucket_end:
+                    for now, call in current:
+                        clock.t = now
+                        machine = machines[call]
+                        if machine is None:
+                            machine = machines[call] = RetryMachine(
+                                policy, clock, rng, now
+                            )
+                        delay = decide(machine, _DOWN, False, down_ok)
+                        if isinstance(delay, str):
+                            ends[call], reasons[call] = now, delay
                             continue
-                        client.serving = True
-                    else:
-                        overload_end = now
-                        error = _OVERLOADED
-                if error is not None and guard is not None:
-                    guard.record(now, client, error)
-            else:
-                refused += 1
-            if error is not None:
-                # The machine's decision without its event records, which
-                # nothing here reads.
-                delay = decide(
-                    machine,
-                    error,
-                    False,  # own_timeout (positional: fewer steps)
-                    down_ok
-                    if error is _DOWN
-                    else overloaded_ok
-                    if error is _OVERLOADED
-                    else None,
-                )
-                if isinstance(delay, str):
-                    client.end, client.reason = now, delay
+                        at = now + delay
+                        # The push below, the same steps.
+                        slot = at * _SLOTS_PER_SECOND
+                        slot = slot // 1.0 if slot < _LAST_SLOT else _LAST_SLOT
+                        if slot <= now_slot:
+                            insort(current, (at, call), key=_time)
+                            calendar.heap_ops += 1
+                            calendar.inserts += 1
+                            left -= 1
+                            if left < 0:
+                                raise _endless()
+                            continue
+                        try:
+                            slots[slot].append((at, call))
+                        except KeyError:
+                            slots[slot] = [(at, call)]
+                            heappush(later, slot)
+                            calendar.heap_ops += 1
+                    load[index] += len(current)
+                    during_outage += len(current)
+                    last = end = current[-1][0]
                     continue
-                at = now + delay
-            # Push (at, seq, client): the calendar's push, inlined.
-            seq += 1
-            slot = at * _SLOTS_PER_SECOND
-            # (A float bound: comparing a float with the int 2**1000 costs
-            # a conversion each time.)
-            slot = int(slot) if slot < _LAST_SLOT_F else _LAST_SLOT
-            if slot <= now_slot:
-                # Due within the slot being run (a wait under a
-                # millisecond): in its place among the rest.
-                insort(current, (at, seq, client), key=_latest_first)
-                calendar.heap_ops += 1
-                calendar.inserts += 1
-                continue
-            events = slots.get(slot)
-            if events is None:
-                slots[slot] = [(at, seq, client)]
-                heappush(later, slot)
-                calendar.heap_ops += 1
+            # The slot's events in order; a wait under a millisecond is
+            # inserted behind the event being run, and the loop reaches it.
+            for now, call in current:
+                if now >= stop:
+                    break
+                clock.t = end = now
+                if call < 0:
+                    # The end of a served request (only with a guard, which
+                    # waits on it).
+                    call = ~call  # noqa: PLW2901 - the call's number
+                    if guard is not None:
+                        guard.record(now, call, None)
+                    ends[call], reasons[call] = now, None
+                    continue
+                # No machine yet: this is the call's first attempt (its
+                # machine is made at its first failure, below).
+                machine = machines[call]
+                if guard is not None:
+                    if machine is None:
+                        guard.begin(now)
+                    error = guard.admit(
+                        now, call, 1 if machine is None else machine.attempt
+                    )
+                    if error is not None:
+                        refused += 1
+                        transient = None
+                else:
+                    error = None
+                if error is None:
+                    # The request reaches the dependency: count it, serve it.
+                    if now >= bucket_end:
+                        index, bucket_end = buckets.at(now)
+                        if index >= len(load):
+                            grow = [0] * (index + 1 - len(load))
+                            load += grow
+                            served += grow
+                    load[index] += 1
+                    last = now
+                    if now < outage:
+                        during_outage += 1
+                        error, transient = _DOWN, down_ok
+                    else:
+                        tokens += (now - refilled) * capacity
+                        if tokens >= size:  # noqa: PLR1730 - min(), without a call
+                            tokens = size
+                        refilled = now
+                        if tokens >= 1.0:
+                            tokens -= 1.0
+                            served[index] += 1
+                            at = now + service_time
+                            if guard is None:
+                                # Nothing waits on the end of a served request
+                                # without a guard: no event for it.
+                                if at < stop:
+                                    ends[call], reasons[call] = at, None
+                                    if at > end:  # noqa: PLR1730 - max()
+                                        end = at
+                                continue
+                            # The end of the request, as an event.
+                            call = ~call  # noqa: PLW2901
+                        else:
+                            overload_end = now
+                            error, transient = _OVERLOADED, overloaded_ok
+                    if error is not None and guard is not None:
+                        guard.record(now, call, error)
+                if error is not None:
+                    if machine is None:
+                        # The first failure of the call, at its start: its
+                        # machine is the one its first attempt would have
+                        # made (a call served at once needs none).
+                        machine = machines[call] = (
+                            RetryMachine(policy, clock, rng, now)
+                            if budget is None
+                            else RetryMachine(
+                                policy, clock, rng, now, retry_budget=budget
+                            )
+                        )
+                    # The machine's decision without its event records, which
+                    # nothing here reads.
+                    delay = decide(
+                        machine,
+                        error,
+                        False,  # own_timeout (positional: fewer steps)
+                        transient,
+                    )
+                    if isinstance(delay, str):
+                        ends[call], reasons[call] = now, delay
+                        continue
+                    at = now + delay
+                # Push (at, call): the calendar's push, inlined (`_slot`).
+                slot = at * _SLOTS_PER_SECOND
+                slot = slot // 1.0 if slot < _LAST_SLOT else _LAST_SLOT
+                if slot <= now_slot:
+                    # Due within the slot being run (a wait under a
+                    # millisecond): in its place among the rest, after the
+                    # events already due at the same time.
+                    insort(current, (at, call), key=_time)
+                    calendar.heap_ops += 1
+                    calendar.inserts += 1
+                    left -= 1
+                    if left < 0:
+                        raise _endless()
+                    continue
+                try:
+                    slots[slot].append((at, call))
+                except KeyError:
+                    slots[slot] = [(at, call)]
+                    heappush(later, slot)
+                    calendar.heap_ops += 1
             else:
-                events.append((at, seq, client))
-        calendar.seq = seq
+                continue
+            break
         self.last, self.end, self.overload_end = last, end, overload_end
         self.refused, self.during_outage = refused, during_outage
+
+    def calls(self) -> Calls:
+        """The outcome of each call, from the run's columns."""
+        return Calls(
+            self.times,
+            self.ends,
+            [1 if m is None else m.attempt for m in self.machines],
+            self.reasons,
+        )
 
     def result(self) -> SimulationResult:
         config = self.config
@@ -520,13 +394,7 @@ class _Run:
             size = max(1, math.ceil(config.duration / config.bucket - 1e-9))
             load = (load + [0] * size)[:size]
             served = (served + [0] * size)[:size]
-        times = self.times
-        calls = tuple(
-            CallOutcome(number, times[number], None, 1, ok=False, reason=_NO)
-            if client is None
-            else client.outcome()
-            for number, client in enumerate(self.clients)
-        )
+        calls = self.calls()
         guard = self.guard
         if isinstance(guard, _FleetGuard):
             transitions = tuple(guard.transitions)

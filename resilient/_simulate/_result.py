@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import TYPE_CHECKING, Final, final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final, final, overload
 
 import attrs
 
@@ -16,7 +17,7 @@ from resilient import BreakerState, BreakerTransition
 
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator
 
     from resilient._simulate._config import SimulationConfig
 
@@ -49,6 +50,107 @@ class CallOutcome:
     def latency(self) -> float | None:
         """Seconds from start to end; None if unfinished."""
         return None if self.end is None else self.end - self.start
+
+
+@final
+class Calls(Sequence[CallOutcome]):
+    """
+    The outcome of each call, by call number: a read-only sequence of
+    `CallOutcome`, kept as four columns (a million calls are four lists,
+    not a million objects) and made into a `CallOutcome` when one is read.
+
+    Equal to another `Calls` with the same columns, and to any sequence of
+    the same outcomes (a tuple of `CallOutcome` included).
+
+    Attributes:
+        starts: When each call started, in seconds.
+        ends: When each ended; None if it was still going at the end.
+        attempts: The attempts each made, the first one included.
+        reasons: Why each gave up (``"unfinished"`` if still going); None
+            for a call that succeeded.
+
+    .. versionadded:: 26.12.0
+       `SimulationResult.calls` was a tuple of `CallOutcome`.
+    """
+
+    __slots__ = ("attempts", "ends", "reasons", "starts")
+
+    def __init__(
+        self,
+        starts: Sequence[float],
+        ends: Sequence[float | None],
+        attempts: Sequence[int],
+        reasons: Sequence[str | None],
+    ) -> None:
+        self.starts: tuple[float, ...] = tuple(starts)
+        self.ends: tuple[float | None, ...] = tuple(ends)
+        self.attempts: tuple[int, ...] = tuple(attempts)
+        self.reasons: tuple[str | None, ...] = tuple(reasons)
+        if not (
+            len(self.starts)
+            == len(self.ends)
+            == len(self.attempts)
+            == len(self.reasons)
+        ):
+            raise ValueError("Calls: the columns differ in length")
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, index: int) -> CallOutcome: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[CallOutcome, ...]: ...
+
+    def __getitem__(
+        self, index: int | slice
+    ) -> CallOutcome | tuple[CallOutcome, ...]:
+        if isinstance(index, slice):
+            return tuple(self._outcome(i) for i in range(len(self))[index])
+        return self._outcome(range(len(self))[index])
+
+    def _outcome(self, number: int) -> CallOutcome:
+        reason = self.reasons[number]
+        return CallOutcome(
+            number,
+            self.starts[number],
+            self.ends[number],
+            self.attempts[number],
+            ok=reason is None,
+            reason=reason,
+        )
+
+    def __iter__(self) -> Iterator[CallOutcome]:
+        for number, start, end, attempts, reason in zip(
+            range(len(self)),
+            self.starts,
+            self.ends,
+            self.attempts,
+            self.reasons,
+            strict=True,
+        ):
+            yield CallOutcome(
+                number, start, end, attempts, ok=reason is None, reason=reason
+            )
+
+    def _columns(self) -> tuple[tuple[object, ...], ...]:
+        return (self.starts, self.ends, self.attempts, self.reasons)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Calls):
+            return self._columns() == other._columns()
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return len(other) == len(self) and all(
+                a == b for a, b in zip(self, other, strict=True)
+            )
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._columns())
+
+    def __repr__(self) -> str:
+        return f"<Calls: {len(self)} calls>"
 
 
 @final
@@ -136,7 +238,7 @@ class SimulationResult:
     config: SimulationConfig
     load: tuple[int, ...]
     served: tuple[int, ...]
-    calls: tuple[CallOutcome, ...]
+    calls: Calls
     overload_end: float | None
     end: float
     summary: Summary
@@ -213,7 +315,7 @@ def percentile(ordered: Sequence[float], p: float) -> float:
 def _summarize(
     config: SimulationConfig,
     load: Sequence[int],
-    calls: Sequence[CallOutcome],
+    calls: Calls,
     last_attempt: float,
     overload_end: float | None,
     *,
@@ -221,8 +323,17 @@ def _summarize(
     during_outage: int,
 ) -> Summary:
     width = config.bucket
-    ok = sorted(c.end - c.start for c in calls if c.ok and c.end is not None)
-    reasons = Counter(c.reason for c in calls if not c.ok)
+    ok = sorted(
+        [
+            end - start
+            for start, end, reason in zip(
+                calls.starts, calls.ends, calls.reasons, strict=True
+            )
+            if reason is None and end is not None
+        ]
+    )
+    reasons = Counter(calls.reasons)
+    reasons.pop(None, None)
     attempts = sum(load)
     peak = max(range(len(load)), key=load.__getitem__, default=0)
     after = [i for i in range(len(load)) if i * width >= config.outage - 1e-9]

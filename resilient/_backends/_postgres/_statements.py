@@ -300,7 +300,10 @@ def backend_error(
 # A refused connection carries no SQLSTATE, only libpq's text.
 _LOGIN_REFUSALS: Final = (
     (
-        re.compile(r"role .* does not exist|authentication failed|pg_hba"),
+        re.compile(
+            r"role .* (?:does not exist|is not permitted to log in)"
+            r"|authentication failed|pg_hba"
+        ),
         "28000",
     ),
     (re.compile(r"database .* does not exist"), "3D000"),
