@@ -176,7 +176,7 @@ def throw_into(gen: Generator[Any, Any, Any], exc: BaseException) -> None:
         gen.close()  # pragma: no cover - only a fallback yields after an error
 
 
-def drive(
+def drive(  # noqa: C901 - the zero wait and the attempt inline: one frame less each
     call: Call,
     gen: Flow,
     fn: Callable[..., Any],
@@ -205,6 +205,11 @@ def drive(
                     thrown = None
             except StopIteration as stop:
                 return stop.value
+            if op == SLEEP and arg[0] <= 0:
+                # A zero wait, inline: nothing to do (`perform` would do
+                # nothing either), and no perform frame.
+                sent = None
+                continue
             if op == RUN:
                 try:
                     result = fn(*args, **kwargs)
