@@ -229,7 +229,7 @@ def drive(  # noqa: C901 - the zero wait and the attempt inline: one frame less 
         raise
 
 
-async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine frame less
+async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coroutine frame less
     call: Call,
     gen: Flow,
     fn: Callable[..., Any],
@@ -281,8 +281,18 @@ async def adrive(  # noqa: C901, PLR0912 - the attempt inline: one coroutine fra
                             # suspends (`resilient._pipeline._lazy`).
                             try:
                                 trap = coro.send(None)
-                            except StopIteration as stop:
-                                sent = (None, stop.value)
+                            except BaseException as ended:  # noqa: BLE001 - the flow decides
+                                # Returned or raised, in one handler: a
+                                # failure does not pass through an
+                                # ``except StopIteration`` and its re-raise.
+                                if type(ended) is StopIteration:
+                                    sent = (None, ended.value)
+                                else:
+                                    if coro.cr_frame is not None:
+                                        abandon_attempt(
+                                            coro, ended
+                                        )  # pragma: no cover - landed
+                                    sent = (ended, None)
                                 continue
                             sent = await suspended(
                                 coro, trap, arg, call.clock, base
@@ -436,8 +446,17 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                                 # suspends (`resilient._pipeline._lazy`).
                                 try:
                                     trap = coro.send(None)
-                                except StopIteration as stop:
-                                    result = stop.value
+                                except BaseException as ended:  # noqa: BLE001 - settled first
+                                    # Returned or raised, in one handler
+                                    # (see `adrive`).
+                                    if type(ended) is StopIteration:
+                                        result = ended.value
+                                    else:
+                                        if coro.cr_frame is not None:
+                                            abandon_attempt(
+                                                coro, ended
+                                            )  # pragma: no cover - landed
+                                        failed = ended
                                 else:
                                     failed, result = await suspended(
                                         coro, trap, at, clock, base
