@@ -30,6 +30,8 @@ from resilient.exceptions import BulkheadFull, CircuitOpen, Rejected
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resilient._breaker._machine import BreakerTransition
     from resilient._core._decisions import RetryEvent
 
@@ -42,6 +44,13 @@ BREAKER: Final = logging.getLogger("resilient.breaker")
 
 RETRY_LEVEL: Final = logging.WARNING
 """A scheduled retry: a dependency failed (stamina's level too)."""
+
+RETRY_CACHED: Final[Callable[[int], bool | None]] = getattr(
+    RETRY, "_cache", {}
+).get
+"""What `Logger.isEnabledFor` cached for a level of `RETRY`, without its
+frame: False means off (the standard library clears this cache in place
+whenever a level changes); True or None, ask ``isEnabledFor``."""
 
 REJECTED_LEVEL: Final = logging.INFO
 """An attempt a stage (an open breaker) rejected, outwaited: the breaker's

@@ -130,6 +130,11 @@ _SQLSTATE_FAILURE: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
 _MAX_CACHED_TYPES: Final = 4096
 _type_cache: dict[type, int] = {}
 
+# A classifier's verdicts on plain built-in exceptions, per (type, id of
+# the classifier); each entry holds its classifier, so that no other one
+# takes its id while the entry lives.
+_verdicts: dict[tuple[type, int], tuple[object, bool]] = {}
+
 _NO: Final = 0
 _TRANSPORT_ERROR: Final = 1
 _SQL: Final = 2
@@ -342,6 +347,25 @@ class _Classifier:
             return every_leaf(exc, self)
         if not isinstance(exc, Exception):
             return False  # Cancellation, KeyboardInterrupt, SystemExit.
+        cls = type(exc)
+        if (
+            cls.__module__ == "builtins"
+            and not exc.__dict__
+            and not self.never
+            and not self.also
+        ):
+            # A built-in exception with no attributes of its own carries
+            # no status, request or SQLSTATE to read: its verdict is its
+            # type's, asked once per type (`never` and `also` classes could
+            # check instances in their own way: not cached then).
+            key = (cls, id(self))
+            seen = _verdicts.get(key)
+            if seen is not None:
+                return seen[1]
+            verdict = self._leaf(exc)
+            if len(_verdicts) < _MAX_CACHED_TYPES:
+                _verdicts[key] = (self, verdict)
+            return verdict
         return self._leaf(exc)
 
     def _leaf(self, exc: Exception) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, Literal, final, overload
 
 from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log: Final = logging.getLogger("resilient")
 _RETRY_LOG: Final = _logging.RETRY
 _RETRY_LEVEL: Final = _logging.RETRY_LEVEL
+_RETRY_CACHED: Final = _logging.RETRY_CACHED
 _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 _LOST: Final = object()
 """A token being set: its value is current, the token may be lost."""
@@ -169,8 +170,26 @@ class Call:
         if self._rec is not None:
             self._rec.attempt_ended(exc)
 
-    def failed(self, exc: BaseException) -> Retry | GiveUp:
-        """The attempt raised (or was rejected): decide and record."""
+    @overload
+    def failed(
+        self, exc: BaseException, quiet: Literal[False] = False
+    ) -> Retry | GiveUp: ...
+
+    @overload
+    def failed(
+        self, exc: BaseException, quiet: bool
+    ) -> Retry | GiveUp | float: ...
+
+    def failed(
+        self, exc: BaseException, quiet: bool = False
+    ) -> Retry | GiveUp | float:
+        """
+        The attempt raised (or was rejected): decide and record.
+
+        *quiet* says the caller hands the retry to no hook: when no
+        telemetry and no log record want it either, a retry is its delay
+        alone (a number), and its `RetryEvent` is never made.
+        """
         # The policy's own attempt timeout is retried whatever retry_on
         # says: the error is the timeout's, at this attempt's deadline.
         own = (
@@ -178,28 +197,50 @@ class Call:
             and isinstance(exc, DeadlineExceeded)
             and exc.deadline == self._at
         )
-        step = self.machine.on_error(exc, own_timeout=own)
+        m = self._machine
+        if m is None:
+            m = self.machine
         rec = self._rec
-        if isinstance(step, GiveUp):
-            if isinstance(exc, Exception):
-                note(exc, step)
-                if step.reason == "retry_budget":
-                    budget = self.guards.budget  # type: ignore[union-attr]
-                    _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
+        attempt = m.attempt
+        decision = m.decide_error(exc, own)
+        if (
+            quiet
+            and rec is None
+            and not isinstance(decision, str)
+            and not (isinstance(exc, Rejected) and exc.retry_after is not None)
+            and (
+                _RETRY_CACHED(_RETRY_LEVEL) is False
+                or not _RETRY_LOG.isEnabledFor(_RETRY_LEVEL)
+            )
+        ):
+            return decision  # Nobody hears of the retry: no records.
+        step = m.step(exc, decision, attempt)
+        if isinstance(step, Retry):
+            if isinstance(exc, Rejected) and exc.retry_after is not None:
+                # A stage's rejection, outwaited: not an attempt, not a
+                # retry.
                 if rec is not None:
-                    rec.gave_up(step.event)
-                _logging.gave_up(step.event)
-        elif isinstance(exc, Rejected) and exc.retry_after is not None:
-            # A stage's rejection, outwaited: not an attempt, not a retry.
-            if rec is not None:
-                rec.rejected(step.event)
-            _logging.rejection_outwaited(step.event)
-        else:
-            if rec is not None:
-                rec.retrying(step.event)
-            if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
-                _logging.retry_scheduled(step.event)
+                    rec.rejected(step.event)
+                _logging.rejection_outwaited(step.event)
+            else:
+                if rec is not None:
+                    rec.retrying(step.event)
+                if _RETRY_LOG.isEnabledFor(_RETRY_LEVEL):
+                    _logging.retry_scheduled(step.event)
+        elif isinstance(step, GiveUp):
+            self._gave_up(exc, step)
         return step
+
+    def _gave_up(self, exc: BaseException, step: GiveUp) -> None:
+        """Record the give-up *step* on *exc*: its notes, telemetry, log."""
+        if isinstance(exc, Exception):
+            note(exc, step)
+            if step.reason == "retry_budget":
+                budget = self.guards.budget  # type: ignore[union-attr]
+                _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
+            if self._rec is not None:
+                self._rec.gave_up(step.event)
+            _logging.gave_up(step.event)
 
     def returned(self, value: object) -> Retry | GiveUp | None:
         """The attempt returned: accept, retry or give up (keeping it)."""

@@ -70,50 +70,57 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
     """The flow of *call*; see the module's docstring."""
     guards = call.guards
     admits = guards is not None and bool(guards.stages)
+    # No hook and no block to hand a retry to: the call may decide it
+    # without its record (`Call.failed`), and a retry is then its delay.
+    quiet = not block and call.policy.before_sleep is None
     tickets: list[object] | None = None
-    step: Retry | None = None
-    decided: Retry | GiveUp | None = None
-    outcome: Retry | GiveUp | None = None
+    # The last decision: a Retry, a give-up, or a quiet retry's delay.
+    step: Retry | GiveUp | float | None = None
     error: BaseException | None = None
+    cause: BaseException | None = None
     value: Any = None
     try:
         if failed is not None:
-            decided = call.failed(failed)
-            if isinstance(decided, GiveUp):
-                yield from _give_up(call, decided)
+            step = call.failed(failed, quiet)
+            if isinstance(step, GiveUp):
+                yield from _give_up(call, step)
                 raise failed  # noqa: TRY301 - the abort below sees it
-            step = decided
+            cause = failed
         while True:
             if step is not None:
-                if block:
-                    yield NEXT, step
-                wait: float | GiveUp = step.delay
-                hook = call.policy.before_sleep
-                if hook is not None and observable(step.event):
-                    yield from _hook(call, hook, step)
-                    wait = call.after_hook(step)
-                    if isinstance(wait, GiveUp):
-                        yield from _give_up(call, wait)
-                        result = _end(call, wait)
-                        call.finish(None)
-                        return result
-                yield SLEEP, (wait, step.event.exception)
+                if not isinstance(step, Retry):
+                    # A quiet retry: its delay, and the error it retries.
+                    yield SLEEP, (step, cause)
+                else:
+                    if block:
+                        yield NEXT, step
+                    wait: float | GiveUp = step.delay
+                    hook = call.policy.before_sleep
+                    if hook is not None and observable(step.event):
+                        yield from _hook(call, hook, step)
+                        wait = call.after_hook(step)
+                        if isinstance(wait, GiveUp):
+                            yield from _give_up(call, wait)
+                            result = _end(call, wait)
+                            call.finish(None)
+                            return result
+                    yield SLEEP, (wait, step.event.exception)
                 # Hold no exception of a past attempt while suspended: its
                 # traceback holds the block-form loop's frame, which holds
                 # this flow (a cycle that would keep a loop left with
                 # `break` alive until the garbage collector runs).
-                step = decided = outcome = error = value = failed = None
+                step = error = cause = value = failed = None
             if admits:
                 call.enter_deadline()
                 try:
                     tickets = yield ADMIT, guards
                 except BaseException as rejected:
                     call.exit_deadline()
-                    decided = call.failed(rejected)
-                    if isinstance(decided, GiveUp):
-                        yield from _give_up(call, decided)
+                    step = call.failed(rejected, quiet)
+                    if isinstance(step, GiveUp):
+                        yield from _give_up(call, step)
                         raise
-                    step = decided
+                    cause = rejected
                     continue
                 call.exit_deadline()
             if block:
@@ -125,20 +132,19 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 taken, tickets = tickets, None
                 yield SETTLE, (taken, error, call.own_timeout)
             if error is None:
-                outcome = call.returned(value)
-                if not isinstance(outcome, Retry):
-                    if outcome is not None:
-                        yield from _give_up(call, outcome)
-                        value = call.kept(outcome)
+                step = call.returned(value)
+                if not isinstance(step, Retry):
+                    if step is not None:
+                        yield from _give_up(call, step)
+                        value = call.kept(step)
                     call.finish(None)
                     return value
-                step = outcome
             else:
-                decided = call.failed(error)
-                if isinstance(decided, GiveUp):
-                    yield from _give_up(call, decided)
+                step = call.failed(error, quiet)
+                if isinstance(step, GiveUp):
+                    yield from _give_up(call, step)
                     raise error  # noqa: TRY301 - the abort below sees it
-                step = decided
+                cause = error
     except BaseException as exc:
         if tickets is not None:
             guards.release(tickets)  # type: ignore[union-attr]

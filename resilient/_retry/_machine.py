@@ -25,6 +25,13 @@ from resilient._core._decisions import (
 )
 from resilient._core._hints import default_retry_after
 from resilient._core._transient import every_leaf, http_status
+from resilient._retry._asks import (
+    accepts,
+    backoff_raised,
+    hint,
+    not_a_delay,
+    type_only,
+)
 from resilient._retry._notes import WrongShell, note
 from resilient._retry._records import may_repeat, new_event, new_retry
 from resilient.exceptions import CircuitOpen, Rejected
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
 
 log: Final = logging.getLogger("resilient")
+_INF: Final = math.inf
 
 
 # What the machine reads of a policy (imported for the protocol's sake: it
@@ -87,6 +95,7 @@ class RetryMachine:
         "_budget_end",
         "_max_attempts",
         "_now",
+        "_plain",
         "_previous",
         "_rejections",
         "_source",
@@ -135,6 +144,9 @@ class RetryMachine:
         self.wake = start
         """When the wait of the last `Retry` ends, on *clock*."""
         self._previous = 0.0
+        self._plain: type | None = None
+        """A built-in exception type whose plain instances (no attributes
+        of their own) this call retries by their type alone."""
         self._rejections = 0
         self._source: DelaySource = "backoff"
         testing = _state.testing
@@ -162,7 +174,7 @@ class RetryMachine:
         """
         if isinstance(exc, WrongShell):
             return False
-        if self._accepts(exc):
+        if accepts(self.policy, exc):
             return True
         if isinstance(exc, ExceptionGroup):
             return every_leaf(exc, self._accepts_leaf)
@@ -172,23 +184,8 @@ class RetryMachine:
         return (
             isinstance(leaf, Exception)
             and not isinstance(leaf, WrongShell)
-            and self._accepts(leaf)
+            and accepts(self.policy, leaf)
         )
-
-    def _accepts(self, exc: Exception) -> bool:
-        retry_on = self.policy.retry_on
-        if isinstance(retry_on, tuple):
-            return isinstance(exc, retry_on)
-        try:
-            return bool(retry_on(exc))
-        except Exception:
-            log.exception(
-                "resilient: retry_on predicate %r of policy %r raised; the "
-                "error is not retried",
-                retry_on,
-                self.policy.name,
-            )
-            return False
 
     def on_error(
         self, exc: BaseException, *, own_timeout: bool = False
@@ -203,7 +200,21 @@ class RetryMachine:
         is retried whatever *retry_on* says.
         """
         attempt = self.attempt
-        decision = self.decide_error(exc, own_timeout=own_timeout)
+        decision = self.decide_error(exc, own_timeout)
+        return self.step(exc, decision, attempt)
+
+    def step(
+        self,
+        exc: BaseException,
+        decision: float | GiveUpReason,
+        attempt: int,
+    ) -> Retry | GiveUp:
+        """
+        The records of `decide_error`'s *decision* on *exc*, decided at
+        *attempt*: `on_error`'s answer, for a caller that asked
+        `decide_error` first (and wants the records only when someone
+        reads them).
+        """
         if isinstance(decision, str):
             return GiveUp(
                 decision, self._event(exc, None, None, decision, attempt)
@@ -212,7 +223,7 @@ class RetryMachine:
             decision, self._retry_event(exc, None, decision, attempt)
         )
 
-    def decide_error(
+    def decide_error(  # noqa: C901, PLR0911 - its fast paths inline
         self,
         exc: BaseException,
         own_timeout: bool = False,  # Positional too: the simulator calls it.
@@ -228,11 +239,17 @@ class RetryMachine:
         already asked (a driver that raises the same error objects asks
         once).
         """
+        cls = type(exc)
+        if cls is self._plain and transient is None and not exc.__dict__:
+            # Another plain instance of a type this call retried: the same
+            # answers (transient, no hint), not asked again.
+            return self._next(None)
         if isinstance(exc, Rejected) and exc.retry_after is not None:
             return self._outwait(exc, exc.retry_after)
         if not isinstance(exc, Exception):
             return "not_retryable"
         policy = self.policy
+        asked = not own_timeout and transient is None
         if not own_timeout:
             if transient is None:
                 retry_on = policy.retry_on
@@ -246,35 +263,16 @@ class RetryMachine:
             if not transient:
                 return "not_retryable"
         reader = policy.retry_after
-        if reader is None or (
-            reader is default_retry_after
-            and type(exc).__module__ == "builtins"
-            and not exc.__dict__
-        ):
-            # No reader, or the default reader's own answer for a plain
-            # built-in exception (no hint), without its frames.
-            return self._next(None)
-        return self._next(self._hint(exc))
-
-    def _hint(self, exc: Exception) -> float | None:
-        reader = self.policy.retry_after
-        if reader is None:
-            return None
-        try:
-            hint = reader(exc)
-            if hint is not None:
-                if math.isnan(hint):
-                    return None
-                hint = max(hint, 0.0)
-        except Exception:
-            log.exception(
-                "resilient: retry_after reader %r of policy %r raised; "
-                "no hint used",
-                reader,
-                self.policy.name,
-            )
-            return None
-        return hint
+        if reader is None or reader is default_retry_after:
+            if cls.__module__ == "builtins" and not exc.__dict__:
+                # No hint on a plain built-in exception (the default
+                # reader's own answer, without its frames).
+                if asked and type_only(policy.retry_on, cls):
+                    self._plain = cls
+                return self._next(None)
+            if reader is None:
+                return self._next(None)
+        return self._next(hint(self.policy, exc))
 
     def _outwait(
         self, exc: Rejected, retry_after: float
@@ -331,19 +329,9 @@ class RetryMachine:
             delay = backoff.delay(self.attempt - 1, self._previous, self.rng)
             if 0.0 <= delay < math.inf:
                 return delay
-            log.error(
-                "resilient: backoff %r of policy %r returned %r, which is "
-                "not a finite number of seconds >= 0; giving up",
-                backoff,
-                self.policy.name,
-                delay,
-            )
-        except Exception:
-            log.exception(
-                "resilient: backoff %r of policy %r raised; giving up",
-                backoff,
-                self.policy.name,
-            )
+            not_a_delay(self.policy, delay)
+        except Exception:  # noqa: BLE001 - logged: a broken backoff
+            backoff_raised(self.policy)
         return None
 
     def on_result(self, value: object) -> Retry | GiveUp | None:
@@ -393,28 +381,38 @@ class RetryMachine:
             or http_status(value) is None
         ):
             return None
-        return self._hint(value)  # type: ignore[arg-type]
+        return hint(self.policy, value)  # type: ignore[arg-type]
 
     def _next(self, hint: float | None) -> float | GiveUpReason:
         """The delay of the next retry, or why there is none."""
-        if self.attempt >= self._max_attempts:
+        attempt = self.attempt
+        if attempt >= self._max_attempts:
             return "attempts"
+        testing = self._testing
         source: DelaySource
         if hint is not None:
             cap = self.policy.max_retry_after
             source = "hint_capped" if hint > cap else "hint"
-            delay = 0.0 if self._testing else min(hint, cap)
-        elif self._testing:
+            delay = 0.0 if testing else min(hint, cap)
+        elif testing:
             delay, source = 0.0, "backoff"
         else:
-            backoff = self._backoff()
-            if backoff is None:
+            # `_backoff`, inline: one frame less per retry.
+            try:
+                delay = self.policy.backoff.delay(
+                    attempt - 1, self._previous, self.rng
+                )
+                if not 0.0 <= delay < _INF:
+                    not_a_delay(self.policy, delay)
+                    return "backoff_error"
+            except Exception:  # noqa: BLE001 - logged: a broken backoff
+                backoff_raised(self.policy)
                 return "backoff_error"
-            delay, source = backoff, "backoff"
+            source = "backoff"
         # Never retry into a stage that will not admit: wait until it may,
         # then this call's backoff on top, so the fleet spreads out.
         blocked = False
-        if self.admission_wait is not None and not self._testing:
+        if self.admission_wait is not None and not testing:
             wait = self.admission_wait()
             if wait > 0:
                 delay, blocked = self._spread(wait) + delay, True
@@ -429,7 +427,7 @@ class RetryMachine:
             return "retry_budget"
         self._source = source
         self._previous = delay
-        self.attempt += 1
+        self.attempt = attempt + 1
         self.wake = now + delay
         return delay
 
