@@ -904,8 +904,8 @@ class TestOutsideExceptions:
         in this context, its span and the call's end, the flow is over.
         """
         from resilient._pipeline._call import Call
+        from resilient._pipeline._effects import abandon
         from resilient._pipeline._flow import RUN, flow
-        from resilient._pipeline._run import abandon
 
         call = Call(Policy(name="abandoned", timeout=2.0))
         gen = flow(call)
@@ -925,8 +925,8 @@ class TestOutsideExceptions:
         """A flow the exception reached before its first step: the call's
         span ends all the same."""
         from resilient._pipeline._call import Call
+        from resilient._pipeline._effects import abandon
         from resilient._pipeline._flow import flow
-        from resilient._pipeline._run import abandon
 
         call = Call(Policy(name="unstarted"))
         abandon(call, flow(call), Interrupt())

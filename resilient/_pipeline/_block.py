@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._pipeline._call import NO_SCOPE, Call, timed_out
+from resilient._pipeline._effects import abandon, aperform, perform
 from resilient._pipeline._flow import NEXT, READY, RUN, flow
-from resilient._pipeline._run import abandon, aperform, perform
 
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ import anyio
 
 from resilient._core import _clock, _registry
 from resilient._pipeline._call import Call, timed_out
+from resilient._pipeline._effects import aperform, perform
+from resilient._pipeline._effects import throw_into as abandon
 from resilient._pipeline._flow import RUN, SETTLE, flow
-from resilient._pipeline._run import aperform, perform
-from resilient._pipeline._run import throw_into as abandon
 from resilient._pipeline._stream._drive import calm, counted
 from resilient.exceptions import DeadlineExceeded
 
