@@ -9,11 +9,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Final
 
-from resilient._core._decisions import Retry, RetryEvent
+from resilient._core._decisions import GiveUp, Retry, RetryEvent
 from resilient._core._transient import Transient
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from resilient._core._decisions import DelaySource, GiveUpReason
     from resilient._core._settings import RetrySettings
 
@@ -106,3 +108,68 @@ def may_repeat(policy: RetrySettings, response: object) -> bool:
             policy.name,
         )
         return False
+
+
+class MachineRecords:
+    """
+    The `RetryMachine`'s records of its decisions (`RetryEvent`, `GiveUp`):
+    the half of the machine that a driver reading no records never runs.
+    """
+
+    __slots__ = ()
+
+    # The machine's fields these read (its own slots).
+    policy: RetrySettings
+    attempt: int
+    start: float
+    _now: Callable[[], float]
+    _source: DelaySource
+
+    def _give_up(
+        self, reason: GiveUpReason, exc: BaseException | None, result: object
+    ) -> GiveUp:
+        return GiveUp(
+            reason, self._event(exc, result, None, reason, self.attempt)
+        )
+
+    def _retry_event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float,
+        attempt: int,
+    ) -> RetryEvent:
+        return self._record(
+            exc, result, delay, None, attempt, source=self._source
+        )
+
+    def _event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float | None,
+        reason: GiveUpReason | None,
+        attempt: int,
+    ) -> RetryEvent:
+        return self._record(exc, result, delay, reason, attempt, source=None)
+
+    def _record(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float | None,
+        reason: GiveUpReason | None,
+        attempt: int,
+        *,
+        source: DelaySource | None,
+    ) -> RetryEvent:
+        return new_event(
+            self.policy.name,
+            attempt,
+            self._now() - self.start,
+            delay,
+            exc,
+            result,
+            reason,
+            source,
+        )
