@@ -439,6 +439,8 @@ class RetryMachine(MachineRecords):
         ``_next(None)``, in one frame when neither testing mode nor an
         admission wait applies. For a driver that knows its errors (the
         simulator, whose dependency raises two, asked once).
+
+        .. versionadded:: 26.12.0
         """
         attempt = self.attempt
         if attempt >= self._max_attempts:
@@ -473,6 +475,8 @@ class RetryMachine(MachineRecords):
         enclosing deadline: ``RetryMachine(policy, clock, rng, start,
         retry_budget=..., admission_wait=...)``, made for less (a driver
         that makes one per call, the simulator).
+
+        .. versionadded:: 26.12.0
         """
         if self._testing or _state.testing.active:
             return RetryMachine(
