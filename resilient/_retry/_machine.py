@@ -434,9 +434,9 @@ class RetryMachine(MachineRecords):
     def decide_transient(self) -> float | GiveUpReason:  # noqa: PLR0911
         """
         `decide_error`'s answer to a transient `Exception` that is not a
-        `Rejected` and carries no hint (``retry_after`` is None, or reads
-        none in it): the same decision and state changes as
-        ``_next(None)``, in one frame when neither testing mode nor an
+        `resilient.exceptions.Rejected` and carries no hint (the policy's
+        ``retry_after`` is None, or reads none in it): the same decision
+        and state changes, in one frame when neither testing mode nor an
         admission wait applies. For a driver that knows its errors (the
         simulator, whose dependency raises two, asked once).
 
