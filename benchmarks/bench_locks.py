@@ -17,6 +17,7 @@ reuse `interleave` and `handover`.
 Usage::
 
     python benchmarks/bench_locks.py [--quick] [--rounds N]
+        [--handover-rounds N] [--handover-only]
 
 Not a test: it asserts nothing about the numbers.
 """
@@ -197,10 +198,39 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def run_embedded(rounds: int, n: int, holds: int) -> None:
+def run_handover(directory: Path, holds: int, rounds: int) -> None:
+    """The hand-over section: *rounds* interleaved runs of each, pooled."""
+    print(
+        f"\nHand-over to a waiting process, 4 processes, {holds} holds each, "
+        f"{rounds} interleaved round(s), pooled (ms)"
+    )
+    print(f"{'case':34} {'p50':>8} {'p90':>8} {'p99':>8} {'max':>8} {'n':>6}")
+    cases = [
+        ("resilient", "resilient.lock (sqlite + flock)"),
+        ("filelock", "filelock.FileLock (poll 50 ms)"),
+    ]
+    gaps: dict[str, list[float]] = {kind: [] for kind, _ in cases}
+    for r in range(rounds):
+        for kind, _ in cases if r % 2 == 0 else cases[::-1]:
+            count = holds if kind == "resilient" else max(holds // 4, 10)
+            gaps[kind] += handover(kind, directory, 4, count)
+    for kind, label in cases:
+        got = gaps[kind]
+        print(
+            f"{label:34} {quantile(got, 0.5):8.3f} {quantile(got, 0.9):8.3f} "
+            f"{quantile(got, 0.99):8.3f} {max(got):8.3f} {len(got):6}"
+        )
+
+
+def run_embedded(
+    rounds: int, n: int, holds: int, handover_rounds: int = 1
+) -> None:
     """Both embedded sections, printed as tables."""
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
+        if rounds == 0:
+            run_handover(directory, holds, handover_rounds)
+            return
         cpu: dict[str, list[float]] = {}
         rates = interleave(embedded_uncontended(directory), rounds, n, cpu)
         peer = statistics.median(rates["filelock.FileLock"])
@@ -217,21 +247,7 @@ def run_embedded(rounds: int, n: int, holds: int) -> None:
                 f"{med / peer:11.2f}x {med / floor:13.2f}x "
                 f"{statistics.median(cpu[name]):10,.0f}"
             )
-        print(
-            "\nHand-over to a waiting process, 4 processes, "
-            f"{holds} holds each (ms)"
-        )
-        print(f"{'case':34} {'p50':>8} {'p99':>8} {'max':>8} {'n':>6}")
-        for kind, label in [
-            ("resilient", "resilient.lock (sqlite + flock)"),
-            ("filelock", "filelock.FileLock (poll 50 ms)"),
-        ]:
-            count = holds if kind == "resilient" else max(holds // 4, 10)
-            gaps = handover(kind, directory, 4, count)
-            print(
-                f"{label:34} {quantile(gaps, 0.5):8.3f} "
-                f"{quantile(gaps, 0.99):8.3f} {max(gaps):8.3f} {len(gaps):6}"
-            )
+        run_handover(directory, holds, handover_rounds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,6 +255,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--handover-rounds",
+        type=int,
+        default=1,
+        help="interleaved hand-over runs, pooled (default 1)",
+    )
+    parser.add_argument(
+        "--handover-only",
+        action="store_true",
+        help="skip the uncontended section",
+    )
     args = parser.parse_args(argv)
     rounds = 3 if args.quick else args.rounds
     n = 500 if args.quick else 2000
@@ -248,7 +275,9 @@ def main(argv: list[str] | None = None) -> None:
         f"python {sys.version.split()[0]}, pid {os.getpid()}, "
         f"{os.cpu_count()} CPUs, load average {load}"
     )
-    run_embedded(rounds, n, holds)
+    run_embedded(
+        0 if args.handover_only else rounds, n, holds, args.handover_rounds
+    )
 
 
 if __name__ == "__main__":

@@ -82,9 +82,10 @@ NOTES = (
     "floor: a for/try/except decorator; no sleep call, no checkpoint",
     (
         f"{RES}: Policy(name='bench', retry_on=ValueError,"
-        " backoff=Constant(seconds=0)); its 30 s budget arms each async"
-        " attempt's deadline: in the event loop's watchdog on asyncio, in"
-        " trio's own CancelScope on trio"
+        " backoff=Constant(seconds=0)); its 30 s budget gives each async"
+        " attempt a deadline, armed if the attempt suspends (the event"
+        " loop's watchdog on asyncio, trio's own CancelScope on trio): the"
+        " attempts here never do"
     ),
     (
         f"{RES_NB}: the same with budget=None, attempts={ATTEMPTS}:"

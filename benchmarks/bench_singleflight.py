@@ -12,6 +12,7 @@ machine disturbs less; it leaves out the 1 ms both spend asleep). Not a
 test: it prints numbers and asserts nothing.
 
     PYTHONPATH=. python benchmarks/bench_singleflight.py [--rounds 15]
+        [--runtime asyncio] [--stat min]
 """
 
 from __future__ import annotations
@@ -176,17 +177,32 @@ RUNTIMES: dict[str, Callable[[str], float]] = {
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--runtime",
+        choices=sorted(RUNTIMES),
+        action="append",
+        help="only this runtime (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--stat",
+        choices=["median", "min"],
+        default="median",
+        help="the figure of each contender's rounds the ratios compare",
+    )
     args = parser.parse_args()
+    stat = statistics.median if args.stat == "median" else min
     threading.stack_size(256 * 1024)
     print(
         f"{CALLERS} concurrent callers, one key, {CALL * 1e3:g} ms call; "
         f"{args.rounds} interleaved rounds; µs per caller"
     )
     print(
-        f"{'runtime':<9} {'contender':<18} {'median':>8} {'best':>8} "
+        f"{'runtime':<9} {'contender':<18} {args.stat:>8} {'best':>8} "
         f"{'ratio':>6} {'cpu':>8} {'ratio':>6}"
     )
     for runtime, run in RUNTIMES.items():
+        if args.runtime and runtime not in args.runtime:
+            continue
         wall: dict[str, list[float]] = {"hand": [], "resilient": []}
         cpu: dict[str, list[float]] = {"hand": [], "resilient": []}
         run("hand")  # Warm up.
@@ -196,14 +212,14 @@ def main() -> None:
                 start = time.process_time()
                 values.append(run(kind) / CALLERS * 1e6)
                 cpu[kind].append((time.process_time() - start) / CALLERS * 1e6)
-        floor = statistics.median(wall["hand"])
-        cpu_floor = statistics.median(cpu["hand"])
+        floor = stat(wall["hand"])
+        cpu_floor = stat(cpu["hand"])
         for kind, label in (
             ("hand", "dict of futures"),
             ("resilient", "SingleFlight"),
         ):
-            med = statistics.median(wall[kind])
-            used = statistics.median(cpu[kind])
+            med = stat(wall[kind])
+            used = stat(cpu[kind])
             print(
                 f"{runtime:<9} {label:<18} {med:8.1f} "
                 f"{min(wall[kind]):8.1f} {med / floor:5.2f}x "

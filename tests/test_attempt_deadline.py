@@ -16,10 +16,11 @@ import weakref
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import resilient
-from resilient._pipeline import _run
+from resilient._pipeline import _lazy
 from resilient._timeout import _watchdog
 from resilient.exceptions import DeadlineExceeded, TimedOut
 
@@ -127,7 +128,7 @@ def test_a_cancellation_with_the_deadline_stays_the_callers() -> None:
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
-        armed = _watchdog.arm(-1.0)  # Already due: fires next iteration.
+        armed = _watchdog.arm(-1.0)  # Past: fires next iteration.
         loop.call_soon(task.cancel)  # The caller's, in the same iteration.
         caught: list[bool] = []
         try:
@@ -330,7 +331,7 @@ def test_an_arm_cut_off_leaves_a_dead_entry(
     async def main() -> None:
         monkeypatch.setattr(_watchdog, "heappush", cut_off)
         with pytest.raises(KeyboardInterrupt):
-            _watchdog.arm(0.0)
+            _watchdog.arm(0.001)
         monkeypatch.undo()
         dog = _watchdog._DOGS[asyncio.get_running_loop()]
         assert [e[_watchdog.TASK] for e in dog.heap] == [None]
@@ -368,7 +369,8 @@ def test_a_deadline_that_raises_on_exit_is_the_attempts_error(
 ) -> None:
     """trio: an error from leaving the attempt's deadline (trio's scope
     exit raising, as on a misnested scope) is the attempt's outcome, in the
-    bare first attempt and in a retried one."""
+    bare first attempt and in a retried one (an attempt that suspends, so
+    that its deadline is armed)."""
     calls: list[int] = []
 
     def broken(armed: Any, exc: BaseException | None) -> bool:
@@ -381,7 +383,8 @@ def test_a_deadline_that_raises_on_exit_is_the_attempts_error(
         if not bare and len(calls) == 1:
             raise ValueError
         if len(calls) == (1 if bare else 2):
-            monkeypatch.setattr(_run, "disarm", broken)
+            monkeypatch.setattr(_lazy, "disarm", broken)
+        await anyio.lowlevel.checkpoint()
         return "ok"
 
     with pytest.raises(LookupError):
@@ -404,3 +407,20 @@ def test_a_closed_loop_is_freed() -> None:
     gc.collect()
     assert freed() is None
     assert len(_watchdog._DOGS) == count - 1
+
+
+def test_a_past_deadline_of_an_attempt_that_ended_cancels_nothing() -> None:
+    """asyncio: a deadline armed already past (the watchdog's next-callback
+    path) for code that ends before the loop runs it, without suspending
+    (a block with no await, a future already done), cancels nothing: the
+    task neither counts a cancellation nor receives one later."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        armed = _watchdog.arm(-1.0)
+        assert not _watchdog.disarm(armed, None)
+        await asyncio.sleep(0.01)  # Would raise CancelledError.
+        assert task.cancelling() == 0
+
+    asyncio.run(main())

@@ -8,9 +8,12 @@ or rejects, and the breaker counts nothing for it.
 
 from __future__ import annotations
 
+import inspect
 import itertools
+from collections.abc import Coroutine
 from typing import Any
 
+import anyio
 import pytest
 
 from resilient import Constant, Policy
@@ -18,6 +21,7 @@ from resilient._breaker import breaker as get_breaker
 from resilient._bulkhead import get_bulkhead
 from resilient._core._config_breaker import BreakerConfig
 from resilient._core._config_bulkhead import BulkheadConfig
+from resilient._core._done import DONE
 from resilient._pipeline._guards import BareChain, BreakerBulkhead, Guards
 from resilient._pipeline._stage import BreakerStage, BulkheadStage
 from resilient.exceptions import BulkheadFull
@@ -25,6 +29,12 @@ from tests.conftest import Driver
 
 
 _names = itertools.count()
+
+
+def run_to_end(coro: Coroutine[Any, Any, Any]) -> None:
+    """Run a coroutine that never suspends to its end, outside a loop."""
+    with pytest.raises(StopIteration):
+        coro.send(None)
 
 
 def _policy(*, breaker: bool, max_waiting: int = 0) -> Policy:
@@ -196,3 +206,81 @@ def test_the_pair_takes_no_slot_from_an_open_breaker() -> None:
     assert guards.bare is not None
     assert guards.bare.fast_admit() is None
     assert get_bulkhead(policy.name).statistics().in_use == 0
+
+
+def test_the_bulkhead_stage_takes_its_slot_in_one_call() -> None:
+    """The lone bulkhead's bare admission is its machine's own step: a new
+    permit holding a slot, or None when every slot is taken; and its async
+    settle is a plain call whose result is already complete (`DONE`, no
+    coroutine made per call)."""
+    guards = Guards.of(_policy(breaker=False))
+    assert guards is not None
+    stage = guards.bare
+    assert isinstance(stage, BulkheadStage)
+    bh = stage.bulkhead
+    permit = stage.fast_admit()
+    assert permit is not None
+    assert not permit.released
+    assert bh.statistics().in_use == 1
+    assert stage.fast_admit() is None  # One slot only.
+    assert stage.afast_settle(permit, None) is DONE
+    assert permit.released
+    stats = bh.statistics()
+    assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+
+
+def test_the_pair_settles_async_without_a_coroutine_of_its_own() -> None:
+    """The breaker-then-bulkhead pair frees the slot at once and hands back
+    the breaker's own settle to await; while cancelled (a BaseException)
+    the breaker is settled at once and nothing is left to await."""
+    guards = Guards.of(_policy(breaker=True))
+    assert guards is not None
+    pair = guards.bare
+    assert isinstance(pair, BreakerBulkhead)
+    bh = guards.stages[1].bulkhead  # type: ignore[attr-defined]
+    tickets = pair.fast_admit()
+    assert tickets is not None
+    pending = pair.afast_settle(tickets, None)
+    assert bh.statistics().in_use == 0
+    assert inspect.iscoroutine(pending)
+    run_to_end(pending)
+    cb = get_breaker(guards.stages[0].breaker.name)  # type: ignore[attr-defined]
+    assert cb.statistics().calls == 1
+    tickets = pair.fast_admit()
+    assert tickets is not None
+    assert pair.afast_settle(tickets, KeyboardInterrupt()) is DONE
+    assert bh.statistics().in_use == 0
+    assert cb.statistics().calls == 1  # An interruption is not counted.
+
+
+def test_a_permit_lost_on_its_way_out_gives_its_slot_back() -> None:
+    """A permit that `take_new` granted but nobody kept (an exception
+    between the grant and the caller's store) frees its slot once it is
+    collected: the next statistics sweep gives it back."""
+    bh = get_bulkhead(f"bare-{next(_names)}", BulkheadConfig(max_concurrent=1))
+    m = bh._machine
+    assert m.take_new(bh) is not None  # Dropped at once.
+    stats = bh.statistics()
+    assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+    kept = m.take_new(bh)
+    assert kept is not None
+    assert m.take_new(bh) is None
+    m.release(kept)
+    m.release(kept)  # Idempotent.
+    assert bh.statistics().released == 2
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_done_is_awaited_without_a_checkpoint(backend: str) -> None:
+    """``await DONE`` returns None at once: no checkpoint, so even inside a
+    cancelled scope it does not raise."""
+
+    async def main() -> list[object]:
+        seen: list[object] = []
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            seen.append(await DONE)
+            seen.append(await DONE)
+        return seen
+
+    assert anyio.run(main, backend=backend) == [None, None]

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import resilient
 from resilient._backends import Grant, LockKey, OwnerToken, open_backend
 from resilient._backends import _sqlite as sqlite_backend
+from resilient._backends._sqlite import _files as lock_files
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,7 +172,7 @@ def test_closing_another_descriptor_keeps_the_flock(url: str) -> None:
     locks), and the holder's file is the one at the path."""
     with resilient.lock("job", backend=url):
         backend = open_backend(url)
-        path = backend._file(LockKey.of("job"))  # type: ignore[attr-defined]
+        path = backend.files.path(LockKey.of("job"))  # type: ignore[attr-defined]
         fd = os.open(path, os.O_RDWR)
         os.close(fd)
         probe = os.open(path, os.O_RDWR)
@@ -180,7 +181,7 @@ def test_closing_another_descriptor_keeps_the_flock(url: str) -> None:
                 fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(probe)
-        ((held, ino, _),) = backend._flocks.values()  # type: ignore[attr-defined]
+        ((held, ino, _),) = backend.files.held.values()  # type: ignore[attr-defined]
         assert os.fstat(held).st_ino == ino == os.stat(path).st_ino  # noqa: PTH116
 
 
@@ -190,7 +191,7 @@ def test_lock_files_stay_bounded_and_go_at_close(
     """The lock directory does not grow with the number of names ever used:
     a store keeps at most `FD_CACHE` lock files (their descriptors cached
     for the next hold), and closing it removes them."""
-    monkeypatch.setattr(sqlite_backend, "FD_CACHE", 4)
+    monkeypatch.setattr(lock_files, "FD_CACHE", 4)
     for i in range(20):
         with resilient.lock(f"job-{i}", backend=url):
             pass
@@ -208,7 +209,7 @@ def test_a_hold_reuses_the_cached_descriptor(url: str) -> None:
     seen = set()
     for _ in range(3):
         with lock:
-            ((fd, ino, _),) = backend._flocks.values()  # type: ignore[attr-defined]
+            ((fd, ino, _),) = backend.files.held.values()  # type: ignore[attr-defined]
             seen.add((fd, ino))
     assert len(seen) == 1
 
@@ -221,10 +222,10 @@ def test_a_file_unlinked_while_cached_is_opened_again(url: str) -> None:
     lock = resilient.lock("job", backend=url)
     with lock:
         pass
-    path = backend._file(LockKey.of("job"))  # type: ignore[attr-defined]
+    path = backend.files.path(LockKey.of("job"))  # type: ignore[attr-defined]
     os.unlink(path)  # noqa: PTH108
     with lock:
-        ((fd, ino, _),) = backend._flocks.values()  # type: ignore[attr-defined]
+        ((fd, ino, _),) = backend.files.held.values()  # type: ignore[attr-defined]
         assert os.stat(path).st_ino == ino == os.fstat(fd).st_ino  # noqa: PTH116
         probe = os.open(path, os.O_RDWR)
         try:
@@ -240,11 +241,11 @@ def test_eviction_keeps_a_file_someone_holds(
     """A cached descriptor evicted while another descriptor holds the file's
     flock (another process's holder) is closed without unlinking the file,
     so that holder's flock stays the one at the path."""
-    monkeypatch.setattr(sqlite_backend, "FD_CACHE", 1)
+    monkeypatch.setattr(lock_files, "FD_CACHE", 1)
     backend = open_backend(url)
     with resilient.lock("a", backend=url):
         pass
-    path = backend._file(LockKey.of("a"))  # type: ignore[attr-defined]
+    path = backend.files.path(LockKey.of("a"))  # type: ignore[attr-defined]
     other = os.open(path, os.O_RDWR)
     try:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -253,7 +254,7 @@ def test_eviction_keeps_a_file_someone_holds(
         assert os.stat(path).st_ino == os.fstat(other).st_ino  # noqa: PTH116
     finally:
         os.close(other)
-    assert not backend._fds.get(LockKey.of("a").digest)  # type: ignore[attr-defined]
+    assert not backend.files.fds.get(LockKey.of("a").digest)  # type: ignore[attr-defined]
 
 
 def test_a_lease_from_an_earlier_boot_is_expired(url: str) -> None:
@@ -429,13 +430,13 @@ def test_a_cached_descriptor_of_a_file_someone_holds_is_kept(url: str) -> None:
     lock = resilient.lock("job", backend=url, blocking=False)
     with lock:
         pass
-    path = backend._file(LockKey.of("job"))  # type: ignore[attr-defined]
+    path = backend.files.path(LockKey.of("job"))  # type: ignore[attr-defined]
     other = os.open(path, os.O_RDWR)
     try:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
         with pytest.raises(resilient.LockNotAcquired):
             lock.acquire()
-        assert LockKey.of("job").digest in backend._fds  # type: ignore[attr-defined]
+        assert LockKey.of("job").digest in backend.files.fds  # type: ignore[attr-defined]
     finally:
         os.close(other)
     with lock as lease:

@@ -17,6 +17,13 @@ import resilient.testing
 from resilient import Constant, Policy
 from resilient._core import _logging, _telemetry
 from tests.conftest import Driver
+from tests.observed import (
+    flaky,
+    quick_breaker,
+    retry_into_a_full_bulkhead,
+    retry_into_a_non_retryable_error,
+    retry_past_a_breaker_that_opens,
+)
 
 
 class Unavailable(Exception):
@@ -29,18 +36,6 @@ class Unavailable(Exception):
 
 class NotFound(Exception):
     """A 404: the policy below does not retry it."""
-
-
-def flaky(times: int, exc: type[Exception] = ConnectionError) -> Any:
-    calls: list[int] = []
-
-    def body() -> str:
-        calls.append(1)
-        if len(calls) <= times:
-            raise exc(f"down {len(calls)}")
-        return "ok"
-
-    return body
 
 
 def records(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -137,16 +132,7 @@ def test_a_non_retryable_error_after_retries_is_a_give_up(
 ) -> None:
     """A non-retryable error after a retry ends a retried call: a give-up
     WARNING with reason not_retryable."""
-    replies: list[Exception] = [ConnectionError("reset"), NotFound("gone")]
-
-    def body() -> None:
-        raise replies.pop(0)
-
-    policy = Policy(
-        name="users", retry_on=(ConnectionError,), backoff=Constant(seconds=0)
-    )
-    with pytest.raises(NotFound):
-        driver.call(resilient.retry(policy), body)
+    retry_into_a_non_retryable_error(driver, NotFound("gone"))
     retry, give_up = records(logs)
     assert give_up.levelno == logging.WARNING
     assert give_up.resilient_reason == "not_retryable"  # type: ignore[attr-defined]
@@ -326,22 +312,13 @@ def test_testing_mode_still_logs(
 # -- Breakers ---------------------------------------------------------------
 
 
-def _config() -> resilient.BreakerConfig:
-    return resilient.BreakerConfig(
-        minimum_calls=2,
-        window=resilient.CountWindow(size=2),
-        open_interval=1.0,
-        half_open_probes=1,
-    )
-
-
 def test_breaker_transitions_are_logged(
     driver: Driver, clock: Any, logs: pytest.LogCaptureFixture
 ) -> None:
     """Opening is a WARNING on resilient.breaker; half-opening and closing
     are INFO; each with the breaker, both states, the reason and the wait
     as fields."""
-    breaker = resilient.breaker("users", _config())
+    breaker = resilient.breaker("users", quick_breaker())
 
     def fail() -> None:
         raise ConnectionError("refused")
@@ -382,7 +359,7 @@ def test_a_forced_open_breaker_is_logged_until_reset(
 ) -> None:
     """Forcing a breaker open is a WARNING that says it waits for a reset;
     the reset is INFO."""
-    breaker = resilient.breaker("forced", _config())
+    breaker = resilient.breaker("forced", quick_breaker())
     breaker.force_open()
     breaker.reset()
     forced, reset = records(logs)
@@ -397,21 +374,7 @@ def test_an_outwaited_rejection_is_info(
 ) -> None:
     """An attempt an open breaker rejected, which retry outwaits, is an
     INFO record naming the breaker (its opening was the warning)."""
-    breaker = resilient.breaker("inner", _config())
-    replies: list[str] = ["fail", "fail", "ok"]
-
-    def body() -> str:
-        reply = replies[0]
-        with breaker:
-            replies.pop(0)
-            if reply == "fail":
-                raise ConnectionError("refused")
-            return reply
-
-    policy = Policy(
-        name="outer", attempts=4, budget=None, backoff=Constant(seconds=0)
-    )
-    assert driver.call(resilient.retry(policy), body) == "ok"
+    retry_past_a_breaker_that_opens(driver)
     rejected = [r for r in records(logs) if r.levelno == logging.INFO]
     rejected = [r for r in rejected if r.name == "resilient.retry"]
     (record,) = rejected
@@ -486,23 +449,7 @@ def test_a_full_bulkhead_that_ends_a_retried_call_is_logged(
 ) -> None:
     """A policy's bulkhead that refuses a retry ends the call with a
     give-up record naming the bulkhead."""
-    config = resilient.BulkheadConfig(max_concurrent=1, max_wait=0)
-    held: list[Any] = []
-
-    def hold(event: object) -> None:
-        held.append(resilient.bulkhead("pool", config).acquire())
-
-    policy = Policy(
-        name="pool",
-        bulkhead=config,
-        retry_on=(ConnectionError,),
-        backoff=Constant(seconds=0),
-        before_sleep=hold,
-    )
-    with pytest.raises(resilient.BulkheadFull):
-        driver.call(policy, flaky(5))
-    for permit in held:
-        permit.release()
+    retry_into_a_full_bulkhead(driver)
     give_up = records(logs)[-1]
     assert give_up.levelno == logging.WARNING
     assert give_up.resilient_bulkhead == "pool"  # type: ignore[attr-defined]
@@ -514,7 +461,7 @@ def test_a_breaker_that_will_not_admit_in_time_is_a_give_up(
 ) -> None:
     """A retry that an open breaker would hold past the budget gives up
     with reason breaker_open, naming the breaker."""
-    breaker = resilient.breaker("slowpoke", _config())
+    breaker = resilient.breaker("slowpoke", quick_breaker())
     breaker.force_open()
 
     def body() -> str:

@@ -16,18 +16,13 @@ import resilient
 from resilient import Constant, Policy
 from resilient._core import _telemetry
 from tests.conftest import Driver, Telemetry
-
-
-def flaky(times: int) -> Any:
-    calls: list[int] = []
-
-    def body() -> str:
-        calls.append(1)
-        if len(calls) <= times:
-            raise ConnectionError(f"down {len(calls)}")
-        return "ok"
-
-    return body
+from tests.observed import (
+    flaky,
+    quick_breaker,
+    retry_into_a_full_bulkhead,
+    retry_into_a_non_retryable_error,
+    retry_past_a_breaker_that_opens,
+)
 
 
 def test_no_provider_no_recorder() -> None:
@@ -274,15 +269,6 @@ class Flaky(ConnectionError):
     """A transient error of a type defined outside the built-ins."""
 
 
-def _breaker_config() -> resilient.BreakerConfig:
-    return resilient.BreakerConfig(
-        minimum_calls=2,
-        window=resilient.CountWindow(size=2),
-        open_interval=1.0,
-        half_open_probes=1,
-    )
-
-
 def test_a_rejection_inside_an_attempt_is_no_attempt(
     driver: Driver, clock: Any, telemetry: Telemetry
 ) -> None:
@@ -292,20 +278,7 @@ def test_a_rejection_inside_an_attempt_is_no_attempt(
     number 1, 2, 3 once each, and neither the attempts metric, the call's
     attempt count nor the retries count the rejection.
     """
-    breaker = resilient.breaker("inner", _breaker_config())
-    replies = ["fail", "fail", "ok"]
-
-    def body() -> str:
-        with breaker:
-            reply = replies.pop(0)
-            if reply == "fail":
-                raise ConnectionError("refused")
-            return reply
-
-    policy = Policy(
-        name="outer", attempts=4, budget=None, backoff=Constant(seconds=0)
-    )
-    assert driver.call(resilient.retry(policy), body) == "ok"
+    retry_past_a_breaker_that_opens(driver)
     spans = telemetry.spans()
     attempts = [s for s in spans if s.name == "outer attempt"]
     assert [s.attributes["resilient.attempt"] for s in attempts] == [1, 2, 3]
@@ -342,7 +315,7 @@ def test_a_rejection_at_admission_is_an_event(
     The call span is current while admitting, so the breaker's own events
     (its rejection, its half-opening) land on it too.
     """
-    config = _breaker_config()
+    config = quick_breaker()
 
     tripped: list[object] = []
 
@@ -445,16 +418,7 @@ def test_a_non_retryable_error_after_retries_is_a_give_up(
 ) -> None:
     """A non-retryable error that ends a retried call is a give-up, with
     reason ``not_retryable``."""
-    replies: list[Exception] = [ConnectionError("reset"), KeyError("gone")]
-
-    def body() -> None:
-        raise replies.pop(0)
-
-    policy = Policy(
-        name="users", retry_on=(ConnectionError,), backoff=Constant(seconds=0)
-    )
-    with pytest.raises(KeyError):
-        driver.call(resilient.retry(policy), body)
+    retry_into_a_non_retryable_error(driver, KeyError("gone"))
     (call,) = [s for s in telemetry.spans() if s.name == "users"]
     assert call.attributes["resilient.give_up.reason"] == "not_retryable"
     assert telemetry.metrics()["resilient.give_ups"] == 1
@@ -609,20 +573,7 @@ def test_metrics_alone_count_attempts_without_rejections(
     """With a meter provider and no tracer provider, the attempts metric
     still leaves out an attempt a breaker inside it rejected."""
     resilient.configure_telemetry(meter_provider=telemetry.meter_provider)
-    breaker = resilient.breaker("inner", _breaker_config())
-    replies = ["fail", "fail", "ok"]
-
-    def body() -> str:
-        with breaker:
-            reply = replies.pop(0)
-            if reply == "fail":
-                raise ConnectionError("refused")
-            return reply
-
-    policy = Policy(
-        name="outer", attempts=4, budget=None, backoff=Constant(seconds=0)
-    )
-    assert driver.call(resilient.retry(policy), body) == "ok"
+    retry_past_a_breaker_that_opens(driver)
     assert telemetry.spans() == []
     metrics = telemetry.metrics()
     assert metrics["resilient.attempts"] == 3
@@ -635,23 +586,7 @@ def test_a_full_bulkhead_that_ends_a_retried_call_is_named(
 ) -> None:
     """A retried call that a full bulkhead then refuses gives up naming the
     bulkhead, on the give-up event."""
-    config = resilient.BulkheadConfig(max_concurrent=1, max_wait=0)
-    held: list[Any] = []
-
-    def hold(event: object) -> None:
-        held.append(resilient.bulkhead("pool", config).acquire())
-
-    policy = Policy(
-        name="pool",
-        bulkhead=config,
-        retry_on=(ConnectionError,),
-        backoff=Constant(seconds=0),
-        before_sleep=hold,
-    )
-    with pytest.raises(resilient.BulkheadFull):
-        driver.call(policy, flaky(5))
-    for permit in held:
-        permit.release()
+    retry_into_a_full_bulkhead(driver)
     (call,) = [s for s in telemetry.spans() if s.name == "pool"]
     (give_up,) = [e for e in call.events if e.name == "resilient.give_up"]
     assert give_up.attributes["resilient.bulkhead"] == "pool"

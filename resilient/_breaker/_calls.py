@@ -15,6 +15,16 @@ collector).
 A closed call holds nothing, so an asynchronous exception anywhere in it
 leaves nothing behind: before its outcome is recorded the call is not
 counted, after, counted once.
+
+The two shells are twins on purpose. What they share is the hot path
+itself (the gate, the plain rejection, the timing, the inbox), and the
+``await`` of the guarded call stands in its middle: a helper for the
+parts before and after it would add a Python call (or two) to every
+guarded call. What is not hot is not twinned: a breaker
+that is not closed and does not simply reject goes to
+`CircuitBreaker._call` / ``_acall`` (admission under the lock, the
+listeners, the permit's settling), and the rare slow or failed call to the
+breaker's methods.
 """
 
 from __future__ import annotations
@@ -24,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Final
 from resilient._breaker._machine import _OPEN as OPEN
 from resilient._breaker._now import DEFAULT, monotonic
 from resilient._core import _clock
-from resilient.exceptions import CircuitOpen
 
 
 if TYPE_CHECKING:
@@ -37,7 +46,7 @@ INBOX_LIMIT: Final = 256
 """Successes an inbox holds before the one who fills it empties it."""
 
 
-def sync_wrapper(  # noqa: C901 - the hot path, written out
+def sync_wrapper(
     cb: CircuitBreaker, fn: Callable[..., Any]
 ) -> Callable[..., Any]:
     """The sync function *fn* guarded by *cb*."""
@@ -55,12 +64,8 @@ def sync_wrapper(  # noqa: C901 - the hot path, written out
                 and m.opened_at <= t < m.open_until
             ):
                 raise cb._rejection(m, t)  # noqa: SLF001
-            got, events = cb._admission()  # noqa: SLF001
-            if events:
-                cb._notify(events)  # noqa: SLF001
-                if type(got) is CircuitOpen:  # A rejection that changed state.
-                    raise got
-            return cb._call(fn, args, kwargs, got)  # type: ignore[arg-type]  # noqa: SLF001
+            # Not closed, no plain rejection: admission under the lock.
+            return cb._call(fn, args, kwargs)  # noqa: SLF001
         if m.timed:
             c = _clock._clock  # noqa: SLF001
             start = monotonic() if c is DEFAULT else c.now()
@@ -88,7 +93,7 @@ def sync_wrapper(  # noqa: C901 - the hot path, written out
     return guarded
 
 
-def async_wrapper(  # noqa: C901 - the hot path, written out
+def async_wrapper(
     cb: CircuitBreaker, fn: Callable[..., Awaitable[Any]]
 ) -> Callable[..., Awaitable[Any]]:
     """The coroutine function *fn* guarded by *cb*."""
@@ -106,12 +111,8 @@ def async_wrapper(  # noqa: C901 - the hot path, written out
                 and m.opened_at <= t < m.open_until
             ):
                 raise cb._rejection(m, t)  # noqa: SLF001
-            got, events = cb._admission()  # noqa: SLF001
-            if events:
-                await cb._anotify(events)  # noqa: SLF001
-                if type(got) is CircuitOpen:  # A rejection that changed state.
-                    raise got
-            return await cb._acall(fn, args, kwargs, got)  # type: ignore[arg-type]  # noqa: SLF001
+            # Not closed, no plain rejection: admission under the lock.
+            return await cb._acall(fn, args, kwargs)  # noqa: SLF001
         if m.timed:
             c = _clock._clock  # noqa: SLF001
             start = monotonic() if c is DEFAULT else c.now()

@@ -502,7 +502,6 @@ class _BreakerMachine:
         """Reject everything until `reset`."""
         if self.state is _FORCED_OPEN:
             return None
-        self.times_opened += 1
         return self._move(_FORCED_OPEN, "forced", now)
 
     def reset(self, now: float) -> BreakerTransition | None:
@@ -563,47 +562,69 @@ class _BreakerMachine:
         now: float,
         exc: BaseException | None,
     ) -> BreakerTransition:
-        if self.state is _HALF_OPEN:
-            self.interval = self._next_interval()
+        interval = (
+            self._next_interval()
+            if self.state is _HALF_OPEN
+            else self.interval
+        )
         opened_by = None if exc is None else detached(exc)
-        self.opened_at = now
-        self.open_until = now + self.interval
-        self.times_opened += 1
-        self.opened_by = opened_by
-        return self._move(_OPEN, reason, now)
+        return self._move(_OPEN, reason, now, interval, opened_by)
 
     def _move(
-        self, new: BreakerState, reason: TransitionReason, now: float
+        self,
+        new: BreakerState,
+        reason: TransitionReason,
+        now: float,
+        interval: float = 0.0,
+        opened_by: BaseException | None = None,
     ) -> BreakerTransition:
-        # Work out everything first, then commit with plain stores (no call
-        # between them, so no asynchronous exception can land halfway).
+        """
+        Change state (to open for *interval* seconds, opened by
+        *opened_by*, when *new* is open) and report it in `outbox`.
+
+        Everything that calls out (the new inbox, the event, the window's
+        clearing) comes first, then the commit: plain stores, and the
+        event's append (a call that ends it). An asynchronous exception
+        lands before the change or after it and its report, never halfway
+        (it could leave an opening counted in `times_opened` with the
+        breaker still closed, or a change nobody heard of).
+        """
         old = self.state
         epoch = self.epoch + 1
-        gate: Gate | None = (
-            (epoch, collections.deque()) if new is _CLOSED else None
-        )
-        if new is _CLOSED:
-            self.window.clear()
-            self.interval = self.config.open_interval
-            self.opened_by = None
-        elif new is _FORCED_OPEN:
-            self.opened_by = None
-        self.successes = 0
-        self.probes = {}
-        self._holders = {}
-        self.state = new
-        self.epoch = epoch
-        self.gate = gate
+        closing = new is _CLOSED
+        gate: Gate | None = (epoch, collections.deque()) if closing else None
+        if new is _OPEN:
+            retry_after = interval
+        else:  # Half-open still names the failure that opened it.
+            opened_by = self.opened_by if new is _HALF_OPEN else None
+            interval = self.config.open_interval if closing else self.interval
+            retry_after = math.inf if new is _FORCED_OPEN else 0.0
         event = BreakerTransition(
             self.name,
             old,
             new,
             reason,
             now,
-            self.retry_after(now),
-            self.opened_by if new is _OPEN else None,
+            retry_after,
+            opened_by if new is _OPEN else None,
         )
-        self.outbox.append(event)
+        if closing:
+            self.window.clear()  # Early is harmless: nobody reads it.
+        opened = 1 if new is _OPEN or new is _FORCED_OPEN else 0
+        outbox = self.outbox
+        self.successes = 0
+        self.probes = {}
+        self._holders = {}
+        self.interval = interval
+        self.opened_by = opened_by
+        if new is _OPEN:
+            self.opened_at = now
+            self.open_until = now + interval
+        self.times_opened += opened
+        self.state = new
+        self.epoch = epoch
+        self.gate = gate
+        outbox.append(event)
         return event
 
 

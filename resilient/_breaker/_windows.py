@@ -5,6 +5,13 @@ Both keep running totals (calls, failures, slow calls) so that reading the
 rates costs nothing, and both use fixed memory whatever the traffic. An
 outcome enters as a small code: bit 0 set for a failure, bit 1 for a slow
 call.
+
+An entry and the totals it moves are written with plain stores and no call
+between them (CPython delivers an asynchronous exception only at a call's
+return, a function's start or a loop's back edge): an exception lands
+before an entry or after it, never inside. A success taken from an inbox
+leaves it last, after its count (`CountRing.take`): popped first, an
+exception at the pop's return lost it.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ SLOW: Final = 2
 BUCKETS: Final = 60
 """How many buckets a time window is cut into."""
 
+_ZEROS: Final = (0,) * BUCKETS
+
 
 @final
 class CountRing:
@@ -39,7 +48,8 @@ class CountRing:
     def add(self, code: int, now: float) -> None:
         """Enter one outcome's code; the oldest leaves once it is full."""
         ring, i = self._ring, self._i
-        if self.calls == len(ring):
+        size = len(ring)  # Before the stores: no call among them.
+        if self.calls == size:
             old = ring[i]
             self.failures -= old & FAILED
             self.slow -= old >> 1
@@ -48,19 +58,19 @@ class CountRing:
         ring[i] = code
         self.failures += code & FAILED
         self.slow += code >> 1
-        self._i = i + 1 if i + 1 < len(ring) else 0
+        self._i = i + 1 if i + 1 < size else 0
 
     def take(self, inbox: collections.deque[float]) -> None:
         """
         Enter the successes queued in *inbox* (their times unused). Each
-        turn of the loop leaves the totals whole: an asynchronous exception
-        at its back edge loses nothing taken so far.
+        turn counts a success, then pops it (the one call, last): an
+        asynchronous exception at the pop's return or at the back edge
+        finds it counted and gone, anywhere before, still queued.
         """
         ring = self._ring
         size = len(ring)
         pop = inbox.popleft
         for _ in range(len(inbox)):  # Only these: more may be appended.
-            pop()
             i = self._i
             if self.calls == size:
                 old = ring[i]
@@ -70,6 +80,7 @@ class CountRing:
                 self.calls += 1
             ring[i] = 0
             self._i = i + 1 if i + 1 < size else 0
+            pop()  # Only the taker pops: the leftmost is the one counted.
 
     def expire(self, now: float) -> None:
         """Nothing expires by time in a count window."""
@@ -151,20 +162,30 @@ class TimeRing:
     def take(self, inbox: collections.deque[float]) -> None:
         """
         Enter the successes queued in *inbox*, by their end times (as
-        `add` would, without a call per success). Each turn of the loop
-        leaves the totals whole.
+        `add` would, without a call per success). Each turn reads the
+        oldest, makes room for it (`expire`, which an exception may cut
+        short: it leaves the totals whole), counts it and pops it last, as
+        `CountRing.take` does.
         """
         width, counts = self._width, self._c
+        head = self._head
+        j = head % BUCKETS
         pop = inbox.popleft
         for _ in range(len(inbox)):  # Only these: more may be appended.
-            t = pop()
-            if t // width != self._head:
+            t = inbox[0]  # Only the taker pops: the leftmost stays put.
+            if t // width != head:
                 self.expire(t)
-            counts[self._head % BUCKETS] += 1
+                head = self._head
+                j = head % BUCKETS
+            counts[j] += 1
             self.calls += 1
+            pop()
 
     def clear(self) -> None:
-        """Forget every outcome."""
-        for bucket in (self._c, self._f, self._s):
-            bucket[:] = [0] * BUCKETS
+        """
+        Forget every outcome: the buckets emptied in place (a reader may
+        hold them) and the totals zeroed with plain stores, no loop (its
+        back edge let an exception leave the totals over empty buckets).
+        """
+        self._c[:] = self._f[:] = self._s[:] = _ZEROS
         self.calls = self.failures = self.slow = 0

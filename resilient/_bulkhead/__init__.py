@@ -16,7 +16,9 @@ taken until after it is given back, and every step on it is recoverable:
 
 - The permit exists before the slot: the machine marks it held in the same
   locked step that takes the slot (or grants it to the queued permit), so
-  there is never a slot without a permit that knows it holds it.
+  there is never a slot without a permit that knows it holds it. The
+  pipeline's bare first attempt has the machine make the permit too
+  (`BulkheadMachine.take_new`, before it takes the lock), one call in all.
 - `BulkheadPermit.release` is idempotent and handles every state: held
   (the slot passes on), queued (it leaves the queue), granted but not yet
   woken (the slot passes on), never taken (nothing to do). The waits call

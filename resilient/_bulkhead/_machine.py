@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final, Literal, final
 import attrs
 
 from resilient._core import _entered
+from resilient._core._done import DONE, Done
 
 
 if TYPE_CHECKING:
@@ -228,6 +229,30 @@ class BulkheadMachine:
                 return True
             return False
 
+    def take_new(self, bulkhead: Bulkhead) -> BulkheadPermit | None:
+        """
+        A new permit of *bulkhead* holding a free slot, or None (every slot
+        taken, or others queue): `BulkheadPermit` and `take` in one step,
+        for the pipeline's bare first attempt (one call per slot).
+
+        The permit exists before the slot is taken, as with `take`: one
+        lost to an exception before it is returned is freed, and its slot
+        comes back (see the class's docstring).
+        """
+        permit = _new_permit(BulkheadPermit)
+        permit._bulkhead = bulkhead  # noqa: SLF001
+        permit._state = _PENDING  # noqa: SLF001
+        with self._lock:
+            if self.in_use < self._limit and not self._waiters:
+                ref = weakref.ref(permit)
+                permit._ref = ref  # noqa: SLF001
+                permit._state = _HELD  # noqa: SLF001
+                self.in_use += 1
+                self.acquired += 1
+                self._holders.add(ref)
+                return permit
+        return None
+
     def enqueue(
         self,
         permit: BulkheadPermit,
@@ -295,10 +320,19 @@ class BulkheadMachine:
                 return permit._reason  # noqa: SLF001
             return False
 
-    def release(self, permit: BulkheadPermit) -> None:
+    def release(
+        self,
+        permit: BulkheadPermit,
+        _exc: BaseException | None = None,
+    ) -> Done:
         """
         Give back *permit*'s slot (to the first waiter), take it out of the
         queue, or nothing if it holds nothing; idempotent.
+
+        Also the pipeline's settle of a bare attempt's slot, sync and async:
+        the attempt's exception (ignored) is the second argument, and the
+        return value, `DONE`, is awaitable (and already complete), so an
+        async settle costs this one call.
         """
         with self._lock:
             state = permit._state  # noqa: SLF001
@@ -313,13 +347,15 @@ class BulkheadMachine:
                     self.released += 1
                     self.in_use -= 1
                     self._holders.discard(ref)
-                self._serve()
+                if self._waiters:
+                    self._serve()
             elif state == _WAITING:
                 permit._state = _RELEASED  # noqa: SLF001
                 self.cancelled += 1
                 self._waiters.remove(permit)
             else:
                 permit._state = _RELEASED  # noqa: SLF001
+        return DONE
 
     # ``abandon`` is what a waiter that is cancelled or interrupted does:
     # the same as a release, whatever state it reached.
@@ -428,3 +464,7 @@ async def _class_aexit(bulkhead: Bulkhead, *_exc: object) -> None:
 
 Permit = BulkheadPermit
 """The short name the pipeline uses inside the package."""
+
+_new_permit: Final = object.__new__
+"""Makes a permit without calling its ``__init__`` (a Python frame): the
+machine sets its two fields itself (`BulkheadMachine.take_new`)."""

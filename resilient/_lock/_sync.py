@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from resilient._backends import LockBackend, LockKey, OwnerToken
+    from resilient._backends._sqlite._files import Waiter
     from resilient._lock._config import LockConfig
     from resilient._lock._hold import Hold
     from resilient._lock._lease import Lease
@@ -39,6 +40,7 @@ def acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa:
     att = Attempt(lock, config, threading.get_ident(), None, backend, renewer)
     key, owner, ttl, clock = lock.key, att.owner, config.ttl, att.clock
     woken: threading.Event | None = None  # Made only if we must wait.
+    waiter = None  # Or the store's own wake-up, which this thread polls.
     try:
         while True:
             sent = clock.now()
@@ -59,14 +61,21 @@ def acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa:
                 if att.stop is None and isinstance(step, Wait):
                     # Watch, then look once more at once: a release between
                     # the try and the watch would otherwise go unseen.
-                    woken = threading.Event()
-                    att.stop = backend.watch(key, woken.set)
+                    # A store that lets the waiting thread block on its
+                    # wake-up itself (the embedded one) saves a thread
+                    # wake-up per hand-over.
+                    make = getattr(backend, "waiter", None)
+                    if make is not None:
+                        att.stop = waiter = make(key)
+                    else:
+                        woken = threading.Event()
+                        att.stop = backend.watch(key, woken.set)
                     continue
             if isinstance(step, GiveUp):
                 if att.error is not None:
                     compensate(backend, key, owner)
                 raise att.refused(step)  # noqa: TRY301
-            _wait(lock, woken, step.seconds)
+            _wait(lock, woken, step.seconds, waiter)
     except BaseException as exc:
         # An interrupt (or any error) after a request left: the store may
         # have granted it. Compare-and-delete on our token is harmless.
@@ -88,8 +97,16 @@ def compensate(backend: LockBackend, key: LockKey, owner: OwnerToken) -> None:
         log.debug("lock %r: compensating release got no answer", key.shown)
 
 
-def _wait(lock: Lock, woken: threading.Event | None, seconds: float) -> None:
-    """Wait up to *seconds* for a wake-up, honouring the cancel scope."""
+def _wait(
+    lock: Lock,
+    woken: threading.Event | None,
+    seconds: float,
+    waiter: Waiter | None = None,
+) -> None:
+    """
+    Wait up to *seconds* for a wake-up (the watch's event, or the store's
+    *waiter*, polled by this thread), honouring the cancel scope.
+    """
     # Only a wait would block an event loop: checked here, so an
     # uncontended acquire does not pay for the look-up.
     _loops.refuse_blocking(
@@ -97,12 +114,19 @@ def _wait(lock: Lock, woken: threading.Event | None, seconds: float) -> None:
         "`async with` the lock (or `await lock.aacquire()`)",
     )
     clock = _clock.get_clock()
-    if woken is None:
-        woken = threading.Event()
     if clock is not _clock.DEFAULT_CLOCK:
         clock.sleep(seconds)  # Virtual time: the clock must move.
-        woken.clear()
+        if woken is not None:
+            woken.clear()
         return
+    if waiter is not None:
+        with _timeout.wake_on_cancel(waiter.wake):
+            _timeout.check_scope()
+            waiter.block(seconds)
+        _timeout.check_scope()
+        return
+    if woken is None:
+        woken = threading.Event()
     with _timeout.wake_on_cancel(woken.set):
         _timeout.check_scope()
         woken.wait(seconds)

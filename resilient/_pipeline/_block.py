@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._pipeline._call import NO_SCOPE, Call, timed_out
 from resilient._pipeline._flow import NEXT, READY, RUN, flow
-from resilient._pipeline._run import aperform, perform
+from resilient._pipeline._run import abandon, aperform, perform
 
 
 if TYPE_CHECKING:
@@ -44,53 +44,81 @@ _PASS: Final = frozenset({READY, RUN, NEXT})
 
 
 def _step(
-    call: Call, gen: Flow, sent: Any, stops: frozenset[int]
+    call: Call,
+    gen: Flow,
+    sent: Any,
+    stops: frozenset[int],
+    *,
+    op: int = 0,
+    arg: Any = None,
 ) -> tuple[int, Any] | None:
-    """Drive *gen* (sync effects) to its next stop; None at its end."""
-    thrown: BaseException | None = None
-    while True:
-        try:
-            if thrown is None:
-                op, arg = gen.send(sent)
-            else:
-                op, arg = gen.throw(thrown)
-                thrown = None
-        except StopIteration:
-            return None
-        if op in stops:
-            return op, arg
-        if op in _PASS:
-            sent = None
-            continue
-        try:
-            sent = perform(call, op, arg)
-        except BaseException as exc:  # noqa: BLE001 - the flow decides
-            thrown = exc
+    """
+    Drive *gen* (sync effects) to its next stop; None at its end. An
+    exception outside the flow (one that lands here between two effects)
+    is thrown into it first, so that it releases what it holds here and
+    now (`abandon`), not when the garbage collector frees it. (*op* and
+    *arg*, the last effect, are parameters for the reason `drive`'s are.)
+    """
+    try:
+        # Inside the try: CPython 3.11 raises an exception that lands at
+        # the loop's back edge at the instruction before the loop's start.
+        thrown: BaseException | None = None
+        while True:
+            try:
+                if thrown is None:
+                    op, arg = gen.send(sent)
+                else:
+                    op, arg = gen.throw(thrown)
+                    thrown = None
+            except StopIteration:
+                return None
+            if op in stops:
+                return op, arg
+            if op in _PASS:
+                sent = None
+                continue
+            try:
+                sent = perform(call, op, arg)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                thrown = exc
+    except BaseException as exc:
+        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
+        raise
 
 
 async def _astep(
-    call: Call, gen: Flow, sent: Any, stops: frozenset[int]
+    call: Call,
+    gen: Flow,
+    sent: Any,
+    stops: frozenset[int],
+    *,
+    op: int = 0,
+    arg: Any = None,
 ) -> tuple[int, Any] | None:
     """`_step` with async effects."""
-    thrown: BaseException | None = None
-    while True:
-        try:
-            if thrown is None:
-                op, arg = gen.send(sent)
-            else:
-                op, arg = gen.throw(thrown)
-                thrown = None
-        except StopIteration:
-            return None
-        if op in stops:
-            return op, arg
-        if op in _PASS:
-            sent = None
-            continue
-        try:
-            sent = await aperform(call, op, arg)
-        except BaseException as exc:  # noqa: BLE001 - the flow decides
-            thrown = exc
+    try:
+        thrown: BaseException | None = None
+        while True:
+            try:
+                if thrown is None:
+                    op, arg = gen.send(sent)
+                else:
+                    op, arg = gen.throw(thrown)
+                    thrown = None
+            except StopIteration:
+                return None
+            if op in stops:
+                return op, arg
+            if op in _PASS:
+                sent = None
+                continue
+            try:
+                sent = await aperform(call, op, arg)
+            except BaseException as exc:  # noqa: BLE001 - the flow decides
+                thrown = exc
+    except BaseException as exc:
+        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
+        raise
 
 
 @final
@@ -164,13 +192,26 @@ class Attempt:
         if attempts.serial != self._serial or attempts.gen is None:
             raise RuntimeError("this attempt's loop is over")
         self._entered = attempts.entered = True
-        stop = _step(attempts.call, attempts.gen, None, _TO_RUN)
-        assert stop is not None  # noqa: S101 - the flow's order
-        assert stop[0] == RUN  # noqa: S101
-        self._at = stop[1]
-        if attempts.is_async:
-            self._scope = attempts.call.cancel_scope(self._at)
-            self._scope.__enter__()
+        gen = attempts.gen
+        try:
+            # Past `_step`, the flow holds the attempt's deadline and its
+            # admission: released here if the block is not entered after
+            # all (`_step` releases them itself if it raises).
+            stop = _step(attempts.call, gen, None, _TO_RUN)
+            assert stop is not None  # noqa: S101 - the flow's order
+            assert stop[0] == RUN  # noqa: S101
+            self._at = stop[1]
+            if attempts.is_async:
+                self._scope = attempts.call.cancel_scope(self._at)
+                self._scope.__enter__()
+        except BaseException as exc:
+            attempts.gen = None
+            scope, self._scope = self._scope, NO_SCOPE
+            try:
+                scope.__exit__(type(exc), exc, exc.__traceback__)
+            finally:
+                abandon(attempts.call, gen, exc)
+            raise
         return self
 
     def _outcome(

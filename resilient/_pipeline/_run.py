@@ -13,6 +13,7 @@ are made only when it fails, and the flow starts from that failure.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
@@ -26,7 +27,6 @@ from resilient._pipeline._call import (
     Call,
     arun_hook,
     run_hook,
-    timed_out,
 )
 from resilient._pipeline._fallback import arun_fallback, run_fallback
 from resilient._pipeline._flow import (
@@ -38,8 +38,9 @@ from resilient._pipeline._flow import (
     SLEEP,
     flow,
 )
+from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
 from resilient._retry._machine import WrongShell
-from resilient._timeout._watchdog import FIRED, TASK, arm, checkpoint, disarm
+from resilient._timeout._watchdog import EAGER, checkpoint, trio_base
 
 
 if TYPE_CHECKING:
@@ -54,6 +55,7 @@ _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 _DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
 _monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
+_get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
 
 
 def bare_ok(policy: RetrySettings) -> bool:
@@ -127,15 +129,32 @@ async def aperform(call: Call, op: int, arg: Any) -> Any:
     return None
 
 
-def abandon(call: Call, gen: Flow, exc: BaseException) -> None:
+def abandon(
+    call: Call,
+    gen: Flow,
+    exc: BaseException,
+    *,
+    op: int = 0,
+    arg: Any = None,
+    sent: Any = None,
+) -> None:
     """
     An exception outside the flow (an interrupt or a cancellation that
     landed in a driver between two effects) while it is suspended: throw it
     in here, in the driver's context, so that the flow undoes what it set
     (the deadline, spans, tickets) before the exception goes on; a flow
     dropped instead would be closed wherever it is freed (another thread,
-    another context).
+    another context). *op*, *arg* and *sent* are the driver's last effect
+    and what it got: tickets that are in the driver's hands alone (an
+    admission's not given to the flow yet, a settle's the flow handed
+    over) are released here, uncounted. (Releasing is idempotent: tickets
+    the flow got, or the driver settled, just before the exception are
+    not released twice.)
     """
+    if op == ADMIT and type(sent) is list:
+        call.guards.release(sent)  # type: ignore[union-attr]
+    elif op == SETTLE:
+        call.guards.release(arg[0])  # type: ignore[union-attr]
     throw_into(gen, exc)
     call.abort(exc)  # A flow not started yet: the call's span.
 
@@ -157,18 +176,25 @@ def throw_into(gen: Generator[Any, Any, Any], exc: BaseException) -> None:
         gen.close()  # pragma: no cover - only a fallback yields after an error
 
 
-def drive(
+def drive(  # noqa: C901 - the zero wait and the attempt inline: one frame less each
     call: Call,
     gen: Flow,
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    *,
+    sent: Any = None,
+    op: int = 0,
+    arg: Any = None,
 ) -> Any:
-    """The sync driver: run *gen* to its end."""
+    """
+    The sync driver: run *gen* to its end. (*sent*, *op* and *arg*, the
+    loop's state, are parameters so that they are bound before the first line,
+    where an exception could land before the handler could read them.)
+    """
     try:
         # Inside the try: CPython 3.11 raises an exception that lands at
         # the loop's back edge at the instruction before the loop's start.
-        sent: Any = None
         thrown: BaseException | None = None
         while True:
             try:
@@ -179,6 +205,11 @@ def drive(
                     thrown = None
             except StopIteration as stop:
                 return stop.value
+            if op == SLEEP and arg[0] <= 0:
+                # A zero wait, inline: nothing to do (`perform` would do
+                # nothing either), and no perform frame.
+                sent = None
+                continue
             if op == RUN:
                 try:
                     result = fn(*args, **kwargs)
@@ -194,7 +225,7 @@ def drive(
             except BaseException as exc:  # noqa: BLE001 - the flow decides
                 thrown = exc
     except BaseException as exc:
-        abandon(call, gen, exc)
+        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
         raise
 
 
@@ -204,12 +235,15 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    *,
+    sent: Any = None,
+    op: int = 0,
+    arg: Any = None,
 ) -> Any:
-    """The async driver: run *gen* to its end."""
+    """The async driver: run *gen* to its end (see `drive`)."""
     try:
         # Inside the try: CPython 3.11 raises an exception that lands at
         # the loop's back edge at the instruction before the loop's start.
-        sent: Any = None
         thrown: BaseException | None = None
         while True:
             try:
@@ -230,37 +264,52 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
                     sent = None
                 continue
             if op == RUN:
-                if arg == math.inf:
-                    # No deadline: nothing to arm.
-                    try:
-                        result = await fn(*args, **kwargs)
-                    except BaseException as exc:  # noqa: BLE001 - the flow decides
-                        sent = (exc, None)
-                    else:
-                        sent = (None, result)
-                    continue
-                clock = call.clock
-                now = _monotonic() if clock is _DEFAULT_CLOCK else clock.now()
-                armed = arm(arg - now)
+                coro = None
                 try:
-                    result = await fn(*args, **kwargs)
+                    coro = fn(*args, **kwargs)
+                    if arg == math.inf:  # No deadline: nothing to arm.
+                        sent = (None, await coro)
+                        continue
+                    if type(coro) is _Coroutine:
+                        base = (
+                            None
+                            if _get_running_loop() is not None
+                            else trio_base()
+                        )
+                        if base is not EAGER:
+                            # The deadline armed only if the attempt
+                            # suspends (`resilient._pipeline._lazy`).
+                            try:
+                                trap = coro.send(None)
+                            except BaseException as ended:  # noqa: BLE001 - the flow decides
+                                # Returned or raised, in one handler: a
+                                # failure does not pass through an
+                                # ``except StopIteration`` and its re-raise.
+                                if type(ended) is StopIteration:
+                                    sent = (None, ended.value)
+                                else:
+                                    if coro.cr_frame is not None:
+                                        abandon_attempt(
+                                            coro, ended
+                                        )  # pragma: no cover - landed
+                                    sent = (ended, None)
+                                continue
+                            sent = await suspended(
+                                coro, trap, arg, call.clock, base
+                            )
+                            continue
+                    sent = await armed_attempt(coro, arg, call.clock)
                 except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    failed: BaseException | None = exc
-                else:
-                    failed = None
-                try:
-                    if disarm(armed, failed):
-                        failed = timed_out(arg)
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    failed = exc
-                sent = (None, result) if failed is None else (failed, None)
+                    if type(coro) is _Coroutine and coro.cr_frame is not None:
+                        abandon_attempt(coro, exc)  # pragma: no cover - landed
+                    sent = (exc, None)
                 continue
             try:
                 sent = await aperform(call, op, arg)
             except BaseException as exc:  # noqa: BLE001 - the flow decides
                 thrown = exc
     except BaseException as exc:
-        abandon(call, gen, exc)
+        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
         raise
 
 
@@ -282,42 +331,56 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
         if guards is None or bare is not None:
             start, outer = _clock._clock.now(), _DEADLINE.get()  # noqa: SLF001
             budget = policy.budget
-            ticket = None if bare is None else bare.fast_admit()
-            if bare is None or ticket is not None:
-                token = None
+            token = ticket = None
+            try:
                 try:
-                    token = _DEADLINE.set(
-                        outer if budget is None else min(outer, start + budget)
-                    )
-                    result = fn(*args, **kwargs)
-                    if type(result) is _Coroutine:
-                        raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
-                except BaseException as exc:
-                    if ticket is not None:
-                        bare.fast_settle(ticket, exc)  # type: ignore[union-attr]
-                    if not isinstance(exc, Exception):
-                        raise
-                    failed = exc
-                else:
-                    if ticket is not None:
-                        bare.fast_settle(ticket, None)  # type: ignore[union-attr]
-                    return result
+                    # The admission inside the ``try``: its ticket settled
+                    # on every way out.
+                    if bare is not None:
+                        ticket = bare.fast_admit()
+                    if bare is None or ticket is not None:
+                        token = _DEADLINE.set(
+                            outer
+                            if budget is None
+                            else min(outer, start + budget)
+                        )
+                        try:
+                            result = fn(*args, **kwargs)
+                            if type(result) is _Coroutine:
+                                raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
+                        except BaseException as exc:  # noqa: BLE001 - settled first
+                            failed: BaseException | None = exc
+                        else:
+                            failed = None
                 finally:
-                    if (
-                        token is None
-                    ):  # pragma: no cover - only an asynchronous exception
+                    if token is not None:
+                        _DEADLINE.reset(token)
+                    elif bare is None or ticket is not None:
                         # Lost between the set and its store (an
                         # asynchronous exception): put the value back.
                         _DEADLINE.set(outer)
-                    else:
-                        _DEADLINE.reset(token)
+                if ticket is not None:
+                    bare.fast_settle(ticket, failed)  # type: ignore[union-attr]
+            except BaseException:
+                # As in call_async: what the ticket still holds given back,
+                # the deadline put back.
+                if ticket is not None:
+                    bare.fast_drop(ticket)  # type: ignore[union-attr]
+                if _DEADLINE.get() != outer:
+                    _DEADLINE.set(outer)  # pragma: no cover - landed
+                raise
+            if bare is None or ticket is not None:
+                if failed is None:
+                    return result
+                if not isinstance(failed, Exception):
+                    raise failed
                 call = Call(policy, guards, start, outer)
                 return drive(call, flow(call, failed), fn, args, kwargs)
     call = Call(policy, guards)
     return drive(call, flow(call), fn, args, kwargs)
 
 
-async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
+async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, inline for speed
     policy: RetrySettings,
     guards: Guards | None,
     fn: Callable[..., Any],
@@ -353,34 +416,82 @@ async def call_async(  # noqa: C901, PLR0912 - the bare first attempt, inline fo
                     call = Call(policy, None, start, outer)
                     gen = flow(call, exc)
                 return await adrive(call, gen, fn, args, kwargs)
-            ticket = None if bare is None else bare.fast_admit()
-            if bare is None or ticket is not None:
-                token = None
+            token = ticket = None
+            failed: BaseException | None = None
+            try:
                 try:
-                    token = _DEADLINE.set(at)
-                    armed = None if at == math.inf else arm(at - start)
-                    try:
-                        result = await fn(*args, **kwargs)
-                    except BaseException as exc:  # noqa: BLE001 - settled first
-                        failed: BaseException | None = exc
-                    else:
-                        failed = None
-                    try:
-                        if type(armed) is list and not armed[FIRED]:
-                            armed[TASK] = None  # disarm(), inline: not fired
-                        elif armed is not None and disarm(armed, failed):
-                            failed = timed_out(at)
-                    except BaseException as exc:  # noqa: BLE001 - settled first
-                        failed = exc
+                    # The admission inside the ``try``: its ticket settled
+                    # on every way out.
+                    if bare is not None:
+                        ticket = bare.fast_admit()
+                    if bare is None or ticket is not None:
+                        token = _DEADLINE.set(at)
+                        coro = None
+                        try:
+                            coro = fn(*args, **kwargs)
+                            if at == math.inf:  # No deadline: none to arm.
+                                result = await coro
+                            elif (
+                                type(coro) is _Coroutine
+                                and (
+                                    base := (
+                                        None
+                                        if _get_running_loop() is not None
+                                        else trio_base()
+                                    )
+                                )
+                                is not EAGER
+                            ):
+                                # The deadline armed only if the attempt
+                                # suspends (`resilient._pipeline._lazy`).
+                                try:
+                                    trap = coro.send(None)
+                                except BaseException as ended:  # noqa: BLE001 - settled first
+                                    # Returned or raised, in one handler
+                                    # (see `adrive`).
+                                    if type(ended) is StopIteration:
+                                        result = ended.value
+                                    else:
+                                        if coro.cr_frame is not None:
+                                            abandon_attempt(
+                                                coro, ended
+                                            )  # pragma: no cover - landed
+                                        failed = ended
+                                else:
+                                    failed, result = await suspended(
+                                        coro, trap, at, clock, base
+                                    )
+                            else:
+                                failed, result = await armed_attempt(
+                                    coro, at, clock
+                                )
+                        except BaseException as exc:  # noqa: BLE001 - settled first
+                            if (
+                                type(coro) is _Coroutine
+                                and coro.cr_frame is not None
+                            ):
+                                abandon_attempt(coro, exc)  # pragma: no cover
+                            failed = exc
                 finally:
-                    if (
-                        token is None
-                    ):  # pragma: no cover - only an asynchronous exception
-                        _DEADLINE.set(outer)  # Lost: see call_sync.
-                    else:
+                    if token is not None:
                         _DEADLINE.reset(token)
+                    elif bare is None or ticket is not None:
+                        _DEADLINE.set(outer)  # Lost: see call_sync.
                 if ticket is not None:
                     await bare.afast_settle(ticket, failed)  # type: ignore[union-attr]
+            except BaseException:
+                # The admission's own error, one raised by the settle, or
+                # one that landed here: whatever the ticket still holds is
+                # given back uncounted (`fast_drop` frees only what is
+                # still held, so it is harmless after a settle), and the
+                # deadline put back by value if the ``finally`` was cut
+                # short.
+                if ticket is not None:
+                    bare.fast_drop(ticket)  # type: ignore[union-attr]
+                if _DEADLINE.get() != outer:
+                    _DEADLINE.set(outer)  # pragma: no cover - landed
+                raise
+            if bare is None or ticket is not None:
                 if failed is None:
                     return result
                 if not isinstance(failed, Exception):

@@ -16,15 +16,17 @@ attempt's own timeout (the caller's budget or deadline ran out).
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from resilient._breaker import SUCCESS, attempt_outcome
 from resilient._breaker import breaker as get_breaker
-from resilient._bulkhead import Permit, get_bulkhead
+from resilient._bulkhead import get_bulkhead
+from resilient._core._done import DONE
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from resilient._breaker import BreakerPermit, CircuitBreaker
     from resilient._bulkhead import Bulkhead, BulkheadPermit
@@ -125,20 +127,22 @@ class BreakerStage:
         )
         cb._settle_closed(*ticket, outcome, exc)  # noqa: SLF001
 
-    async def afast_settle(
+    def afast_settle(
         self, ticket: tuple[int, float], exc: BaseException | None
-    ) -> None:
-        """`fast_settle`, awaiting async listeners; never while cancelled."""
+    ) -> Awaitable[None]:
+        """
+        `fast_settle` from async code: the breaker's settle to await (its
+        coroutine, not one of this stage's around it), or, while cancelled,
+        the settle done here and `DONE` (nothing is awaited).
+        """
         cb = self.breaker
-        if exc is not None and not isinstance(exc, Exception):
+        if exc is None:
+            return cb._asettle_closed(*ticket, SUCCESS)  # noqa: SLF001
+        if not isinstance(exc, Exception):
             self.fast_settle(ticket, exc)
-            return
-        outcome = (
-            SUCCESS
-            if exc is None
-            else attempt_outcome(cb, exc, own_timeout=False)
-        )
-        await cb._asettle_closed(*ticket, outcome, exc)  # noqa: SLF001
+            return DONE
+        outcome = attempt_outcome(cb, exc, own_timeout=False)
+        return cb._asettle_closed(*ticket, outcome, exc)  # noqa: SLF001
 
     def fast_drop(self, ticket: tuple[int, float]) -> None:
         """Nothing to give back: a closed ticket holds nothing."""
@@ -146,16 +150,39 @@ class BreakerStage:
 
 @final
 class BulkheadStage:
-    """A bulkhead as a stage: a slot per attempt."""
+    """
+    A bulkhead as a stage: a slot per attempt.
 
-    __slots__ = ("_release", "_take", "bulkhead")
+    Its bare first attempt takes a free slot without queueing, and it is
+    the machine's own steps, bound once (no frame of the stage's around
+    them): ``fast_admit()`` is `BulkheadMachine.take_new` for this
+    bulkhead (a new permit holding a slot, or None to take the full path,
+    which queues), and ``fast_settle(permit, exc)``, ``afast_settle``
+    (whose return value is the already complete `DONE`) and
+    ``fast_drop(permit)`` are `BulkheadMachine.release`.
+    """
+
+    __slots__ = (
+        "afast_settle",
+        "bulkhead",
+        "fast_admit",
+        "fast_drop",
+        "fast_settle",
+    )
 
     def __init__(self, bulkhead: Bulkhead) -> None:
         self.bulkhead = bulkhead
-        # The machine's own steps, bound once for the bare first attempt.
         machine = bulkhead._machine  # noqa: SLF001
-        self._take = machine.take
-        self._release = machine.release
+        self.fast_admit: Callable[[], BulkheadPermit | None] = (
+            functools.partial(machine.take_new, bulkhead)
+        )
+        self.fast_settle: Callable[
+            [BulkheadPermit, BaseException | None], object
+        ] = machine.release
+        self.afast_settle: Callable[
+            [BulkheadPermit, BaseException | None], Awaitable[None]
+        ] = machine.release
+        self.fast_drop: Callable[[BulkheadPermit], object] = machine.release
 
     def admit(self) -> BulkheadPermit:
         """A slot, or `BulkheadFull`."""
@@ -190,32 +217,6 @@ class BulkheadStage:
     def retry_after(self) -> float:
         """A bulkhead cannot tell when a slot frees: 0."""
         return 0.0
-
-    # The bare first attempt: a free slot taken without queueing (the
-    # standalone decorator's cost); None takes the full path, which queues.
-
-    def fast_admit(self) -> BulkheadPermit | None:
-        """A slot if one is free now and nobody queues, or None."""
-        permit = Permit(self.bulkhead)
-        # A permit lost to an exception before it is returned gives its
-        # slot back when it is freed (see BulkheadMachine).
-        return permit if self._take(permit) else None
-
-    def fast_settle(
-        self, ticket: BulkheadPermit, exc: BaseException | None
-    ) -> None:
-        """Free the slot."""
-        self._release(ticket)
-
-    async def afast_settle(
-        self, ticket: BulkheadPermit, exc: BaseException | None
-    ) -> None:
-        """Free the slot (nothing to await)."""
-        self._release(ticket)
-
-    def fast_drop(self, ticket: BulkheadPermit) -> None:
-        """Free the slot: the attempt will not run bare."""
-        self._release(ticket)
 
 
 def _breaker_stage(name: str, config: Any) -> Stage:

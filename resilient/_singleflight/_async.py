@@ -10,9 +10,10 @@ callers, each waiting up to its own deadline.
 
 The tasks of one event loop that wait for one flight share one `LoopGate`,
 woken by one call (one hand-off from another thread) when the flight ends:
-on asyncio each task awaits a bare future of its own (a cancelled one
-cancels nothing else), on trio they all park on one `trio.Event`. Nothing
-else is made per caller but its `Ticket`.
+on asyncio the tasks with no deadline await one shared future (one that a
+cancelled task cancels is replaced, see `LoopGate.shared_future`) and a
+task with a deadline a future of its own; on trio they all park on one
+`trio.Event`. Nothing else is made per caller but its `Ticket`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import math
+import sys
 import threading
-from typing import TYPE_CHECKING, Any, Final, TypeVar, final
+from asyncio import CancelledError
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
 
 import anyio
 import anyio.lowlevel
@@ -32,7 +36,6 @@ from opentelemetry import trace as otel_trace
 
 from resilient._core import _clock
 from resilient._core._clock import MonotonicClock
-from resilient._core._telemetry import disabled
 from resilient._singleflight._common import (
     EXECUTING,
     deadline_error,
@@ -53,13 +56,30 @@ from resilient._wait import wait_slice
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine, Hashable
+    from collections.abc import Awaitable, Callable, Hashable
 
     from resilient._singleflight._group import SingleFlight
     from resilient._singleflight._report import Recorder
 
 
+P = ParamSpec("P")
 T = TypeVar("T")
+
+new_ticket: Final = object.__new__
+_ident: Final = threading.get_ident
+_sniffio: Final = sniffio.thread_local
+_current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
+if sys.version_info < (3, 12):  # pragma: no cover - 3.11
+    # Its `current_task` is Python-level, around this dict (which is
+    # frozen as it was); 3.12's is the C one.
+    _current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined] # noqa: SLF001
+else:  # pragma: no cover - 3.12+
+    _current_task = asyncio.current_task
+_NOTHING: Any = (
+    None  # (Assigned to a ticket's slots: typed to narrow nothing.)
+)
+_DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
+_NEVER: Final = math.inf
 
 # asyncio keeps only weak references to tasks: the running executions.
 _TASKS: Final[set[asyncio.Task[None]]] = set()
@@ -72,17 +92,21 @@ class LoopGate:
     from the loop's thread directly, from any other through the loop's
     thread-safe hand-off (a closed loop has nobody left to wake).
 
-    asyncio: a future per waiter (a cancelled one is its own affair), all
-    set by one call; trio: one `trio.Event`, whose waiters park on its lot.
+    asyncio: one future that every waiter with no deadline awaits (see
+    `shared_future` for what a cancelled one does to it), and one more per
+    waiter with a deadline, which its own timeout cancels; all set by one
+    call. trio: one `trio.Event`, whose waiters park on its lot.
     """
 
     __slots__ = (
-        "_event",
-        "_futures",
-        "_new",
         "_set_yet",
         "_soon",
+        "event",
+        "futures",
         "home",
+        "loop",
+        "new",
+        "shared",
         "trio",
     )
 
@@ -91,34 +115,65 @@ class LoopGate:
         """The thread of its event loop."""
         self.trio = library == "trio"
         self._set_yet = False
-        self._futures: dict[asyncio.Future[None], None] | None = None
+        self.shared: asyncio.Future[None] | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        """asyncio: its event loop (None on trio)."""
+        self.futures: dict[asyncio.Future[None], None] | None = None
         if self.trio:
             import trio  # noqa: PLC0415
 
-            self._event: Any = trio.Event()
+            self.event: Any = trio.Event()
             self._soon = loop.run_sync_soon
         else:
-            self._futures = {}
-            self._event = None
-            self._new = loop.create_future
+            self.futures = {}
+            self.event = None
+            self.new = _future_maker(loop)
+            self.loop = loop
             self._soon = loop.call_soon_threadsafe
 
     def waiting(self) -> Awaitable[object]:
         """What the waiting task awaits (once); done when woken."""
-        futures = self._futures
+        futures = self.futures
         if futures is None:
-            return self._event.wait()  # type: ignore[no-any-return]
-        fut: asyncio.Future[None] = self._new()
+            return self.event.wait()  # type: ignore[no-any-return]
+        fut: asyncio.Future[None] = self.new()
         if self._set_yet:
             fut.set_result(None)
         else:
             futures[fut] = None
         return fut
 
+    def shared_future(self) -> asyncio.Future[None]:
+        """
+        The future every task of this loop that waits with no deadline
+        awaits (asyncio; made by the first), set when the flight ends.
+
+        A task cancelled while it awaits it cancels it (asyncio cancels
+        what a task awaits): its other waiters then wake with
+        `CancelledError` although nobody cancelled them, see that their
+        task's `cancelling()` count has not grown, and wait on a new one
+        (`replace`). One future for all is what makes the common case
+        cheap: a thousand waiters, none cancelled.
+        """
+        fut: asyncio.Future[None] = self.new()
+        if self._set_yet:
+            fut.set_result(None)
+        else:
+            assert self.futures is not None  # noqa: S101 - asyncio
+            self.futures[fut] = None
+        self.shared = fut
+        return fut
+
+    def replace(self, fut: asyncio.Future[None]) -> None:
+        """The shared *fut* was cancelled: the next waiter makes another."""
+        if self.shared is fut:
+            self.shared = None
+        self.forget(fut)
+
     def forget(self, fut: Awaitable[object]) -> None:
         """A waiting that timed out: drop its future (asyncio)."""
-        if self._futures is not None:
-            self._futures.pop(fut, None)  # type: ignore[call-overload]
+        if self.futures is not None:
+            self.futures.pop(fut, None)  # type: ignore[call-overload]
 
     def wake(self) -> None:
         """Wake every waiting task (once is enough; more are harmless)."""
@@ -129,17 +184,28 @@ class LoopGate:
                 self._soon(self._set)
 
     def _set(self) -> None:
-        futures = self._futures
+        futures = self.futures
         if futures is None:
-            self._event.set()
+            self.event.set()
             return
         self._set_yet = True
-        self._futures = {}
+        self.futures = {}
         for fut in futures:
             try:  # noqa: SIM105 - no context manager per waiter
                 fut.set_result(None)
             except asyncio.InvalidStateError:  # Its waiter was cancelled.
                 pass
+
+
+def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], Any]:
+    """
+    *loop*'s ``create_future``; for asyncio's own loops, the future type
+    itself with the loop bound (what that method does, without its frame).
+    """
+    make = loop.create_future
+    if getattr(make, "__func__", None) is asyncio.BaseEventLoop.create_future:
+        return functools.partial(asyncio.Future, loop=loop)
+    return make
 
 
 def _library() -> tuple[str, Any]:
@@ -164,85 +230,97 @@ def gate(flight: Flight) -> LoopGate:
     return g
 
 
-def acall(
+async def fly(  # noqa: C901, PLR0912, PLR0915 - every waiting task's path
     group: SingleFlight,
     key: Hashable,
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Coroutine[Any, Any, T]:
-    """
-    `SingleFlight.acall`, with the caller's telemetry if any is set: the
-    coroutine to await (one frame fewer for every waiting task).
-    """
-    rec = None if disabled() else recorder(group.name)
-    if rec is None:
-        return fly(group, key, fn, args, kwargs, rec=None)
-    return _recorded(group, key, fn, args, kwargs, rec=rec)
-
-
-async def _recorded(
-    group: SingleFlight,
-    key: Hashable,
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    rec: Recorder,
+    fn: Callable[P, Awaitable[T]],
+    /,
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> T:
-    with rec:
-        return await fly(group, key, fn, args, kwargs, rec=rec)
+    """
+    ``await fn(*args, **kwargs)``, run in a task of its own, or the
+    result of the execution under way for *key*, waiting for it in
+    this task.
 
-
-async def fly(
-    group: SingleFlight,
-    key: Hashable,
-    fn: Callable[..., Awaitable[T]],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    rec: Recorder | None,
-) -> T:
-    # The hot path of every waiting task, so a few steps are inlined: the
-    # gate of the execution's own loop, the deadline read, the value.
+    Raises:
+        TypeError: *key* is unhashable.
+        DeadlineExceeded: The caller's deadline passed while waiting.
+        RuntimeError: Called from inside the execution it would wait
+            for.
+    """
+    # `SingleFlight.acall` itself (one coroutine frame per waiting task),
+    # so a few steps are inlined: the gate of the execution's own loop,
+    # the deadline read, the asyncio wait. Telemetry is the flight's (see
+    # `Flight.recorded`): a follower of an unrecorded flight reads nothing.
     m = group._machine  # noqa: SLF001
-    while True:
-        ticket = Ticket()
-        try:
-            flight = m.join(key, ticket, is_async=True)
-            if rec is not None:
-                rec.joined(flight, leads=flight.owner is ticket)
-            if flight.owner is ticket:
-                _spawn(group, flight, fn, args, kwargs)
-            elif flight in EXECUTING.get():
-                raise RuntimeError(
-                    f"resilient: singleflight {group.name!r}: called from "
-                    "inside the execution it would wait for; waiting would "
-                    "never end"
-                )
-            waiter = flight.gate
-            if (
-                waiter is None
-                or waiter.home != threading.get_ident()
-                or waiter.trio is not (sniffio.thread_local.name == "trio")
-            ):
-                waiter = gate(flight)  # Not the execution's event loop.
-            # Set before the state is read: a `finish` that missed it is
-            # one we see.
-            ticket.waiter = waiter
-            at = _clock._DEADLINE.get()  # noqa: SLF001
-            if at == math.inf:
-                while flight.state == RUNNING:
-                    await waiter.waiting()
-            else:
-                await _wait_until(group, flight, waiter, at)
-        finally:
-            ended = ticket.flight
-            if ended is not None and not ended.woken:
-                leave(m, ticket, rec)  # (A woken caller has nothing to undo.)
-        if flight.state == VALUE:
-            return flight.value  # type: ignore[no-any-return]
-        outcome(flight, ticket, rec)  # Raises, or we start over.
+    rec: Recorder | None = None
+    failed: BaseException | None = None
+    try:
+        while True:
+            ticket = new_ticket(Ticket)  # `Ticket()`, without its frame.
+            ticket.flight = ticket.waiter = _NOTHING
+            try:
+                flight = m.join(key, ticket, is_async=True)
+                leads = flight.owner is ticket
+                if rec is None and flight.recorded:
+                    rec = recorder(group.name)
+                if rec is not None:
+                    rec.joined(flight, leads=leads)
+                if leads:
+                    _spawn(group, flight, fn, args, kwargs)
+                elif flight in EXECUTING.get():
+                    raise RuntimeError(
+                        f"resilient: singleflight {group.name!r}: called "
+                        "from inside the execution it would wait for; "
+                        "waiting would never end"
+                    )
+                waiter = flight.gate
+                if (
+                    waiter is None
+                    or waiter.home != _ident()
+                    or waiter.trio is not (_sniffio.name == "trio")
+                ):
+                    waiter = gate(flight)  # Not the execution's event loop.
+                # Set before the state is read: a `finish` that missed it
+                # is one we see.
+                ticket.waiter = waiter
+                if _DEADLINE.get() == _NEVER:
+                    while flight.state == RUNNING:
+                        if waiter.trio:
+                            await waiter.event.wait()
+                            continue
+                        # `LoopGate.shared_future`, inlined. The task's
+                        # cancel requests, read in the step that awaits,
+                        # tell its own cancellation from another waiter's.
+                        task = _current_task(waiter.loop)
+                        asked = task.cancelling()  # type: ignore[union-attr]
+                        fut = waiter.shared
+                        if fut is None:
+                            fut = waiter.shared_future()
+                        try:
+                            await fut
+                        except CancelledError:
+                            if task.cancelling() > asked:  # type: ignore[union-attr]
+                                raise  # Ours: we leave.
+                            waiter.replace(fut)  # Another's: wait on.
+                else:
+                    await _wait_until(group, flight, waiter, _DEADLINE.get())
+            finally:
+                ended = ticket.flight
+                # (A woken caller has nothing to undo.)
+                if ended is not None and not ended.woken:
+                    leave(m, ticket, rec)
+            if flight.state == VALUE:
+                return flight.value  # type: ignore[no-any-return]
+            outcome(flight, ticket, rec)  # Raises, or we start over.
+    except BaseException as exc:
+        failed = exc
+        raise
+    finally:
+        if rec is not None:
+            rec.ended(failed)
+        failed = None  # (No cycle through the traceback.)
 
 
 async def _wait_until(

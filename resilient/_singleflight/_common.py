@@ -1,7 +1,7 @@
 """
-What the sync and async shells share: joining (with a clear error for an
-unhashable key), leaving (safe against an exception landing mid-way), what
-an ended flight means for a caller, and the errors they raise.
+What the sync and async shells share: the telemetry a flight's callers
+record, leaving (safe against an exception landing mid-way), what an ended
+flight means for a caller, and the errors they raise.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import contextvars
 from typing import TYPE_CHECKING, Any, Final
 
 from resilient._singleflight._machine import ERROR, VALUE
+from resilient._singleflight._report import recorder
 from resilient.exceptions import DeadlineExceeded
 
 
@@ -56,6 +57,23 @@ def leave(m: GroupMachine, ticket: Ticket, rec: Recorder | None) -> None:
             doomed.cancel()  # The last caller of an async execution.
     if late is not None:
         raise late  # pragma: no cover
+
+
+def recording(
+    name: str, flight: Flight, rec: Recorder | None
+) -> Recorder | None:
+    """
+    The recorder of a caller of group *name* that has just joined
+    *flight* (*rec*: the one it has from an earlier flight, if any).
+
+    Telemetry is decided once per flight, when it starts (see
+    `Flight.recorded`): its callers record if it does, without looking for
+    any themselves. So a flight is recorded whole or not at all, and a
+    follower of an unrecorded one pays for one attribute read.
+    """
+    if rec is None and flight.recorded:
+        rec = recorder(name)
+    return rec
 
 
 def outcome(

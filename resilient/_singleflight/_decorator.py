@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
 from resilient._core._decorate import decorate
 from resilient._core._validate import check_name
-from resilient._singleflight._async import acall
+from resilient._singleflight._async import fly
 from resilient._singleflight._group import SingleFlight
 from resilient._singleflight._sync import call
 from resilient.exceptions import ConfigError, ConfigTypeError
@@ -77,7 +77,7 @@ def singleflight(
         def async_shell(
             f: Callable[..., Awaitable[Any]], args: Any, kwargs: Any
         ) -> Awaitable[Any]:
-            return acall(flights, keyof(args, kwargs), f, args, kwargs)
+            return fly(flights, keyof(args, kwargs), f, *args, **kwargs)
 
         return decorate(fn, sync_shell, async_shell, stream=_NO_STREAMS)
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ParamSpec, TypeVar, final
 
-from resilient._core._telemetry import disabled
 from resilient._core._validate import check_name
 from resilient._singleflight import _async, _sync
 from resilient._singleflight._machine import (
@@ -20,7 +19,7 @@ from resilient._singleflight._machine import (
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Hashable
+    from collections.abc import Callable, Hashable
 
 
 P = ParamSpec("P")
@@ -121,25 +120,6 @@ class SingleFlight:
         """
         return _sync.call(self, key, fn, args, kwargs)
 
-    async def acall(
-        self,
-        key: Hashable,
-        fn: Callable[P, Awaitable[T]],
-        /,
-        *args: P.args,
-        **kwargs: P.kwargs,
-    ) -> T:
-        """
-        ``await fn(*args, **kwargs)``, run in a task of its own, or the
-        result of the execution under way for *key*, waiting for it in
-        this task.
-
-        Raises:
-            TypeError: *key* is unhashable.
-            DeadlineExceeded: The caller's deadline passed while waiting.
-            RuntimeError: Called from inside the execution it would wait
-                for.
-        """
-        if disabled():  # No telemetry: straight to the shell.
-            return await _async.fly(self, key, fn, args, kwargs, rec=None)
-        return await _async.acall(self, key, fn, args, kwargs)
+    # The async shell's coroutine function itself: ``await group.acall(...)``
+    # runs one coroutine frame per waiting task, not two.
+    acall = _async.fly

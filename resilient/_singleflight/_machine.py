@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 
+from resilient._core._telemetry import disabled
+
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -108,6 +110,10 @@ class Flight:
         abandoned: Whether every member left before it ended.
         cancel: Cancels the task (from any thread); set by the runner.
         span: The leader's span, if telemetry is on (followers link to it).
+        recorded: Whether its callers record telemetry: some was
+            configured when it started (read once, before anyone could
+            join it), so a caller that joins does not look for any, and a
+            flight is recorded whole or not at all.
         gates: The async shell's wake-ups, one per event loop that has
             callers waiting (see `Ticket`).
         gate: The one of the execution's own event loop (async).
@@ -128,6 +134,7 @@ class Flight:
         "members",
         "number",
         "owner",
+        "recorded",
         "span",
         "spawned",
         "state",
@@ -137,7 +144,13 @@ class Flight:
     )
 
     def __init__(
-        self, key: Hashable, number: int, owner: Ticket, *, is_async: bool
+        self,
+        key: Hashable,
+        number: int,
+        owner: Ticket,
+        *,
+        is_async: bool,
+        recorded: bool = False,
     ) -> None:
         self.key = key
         self.number = number
@@ -154,6 +167,7 @@ class Flight:
         self.abandoned = False
         self.cancel: Any = None
         self.span: Any = None
+        self.recorded = recorded
         self.gates: dict[object, Any] = {}
         self.gate: Any = None
         self.woken = False
@@ -205,7 +219,11 @@ class GroupMachine:
             if flight is None:
                 self._executions += 1
                 flight = Flight(
-                    key, self._executions, ticket, is_async=is_async
+                    key,
+                    self._executions,
+                    ticket,
+                    is_async=is_async,
+                    recorded=not disabled(),
                 )
                 ticket.flight = flight
                 flight.members.add(ticket)
@@ -214,8 +232,7 @@ class GroupMachine:
                 return flight
             ticket.flight = flight
             flight.members.add(ticket)
-            flight.joined += 1
-            self._joined += 1
+            flight.joined += 1  # (The group's count adds it up at the end.)
             return flight
 
     def finish(
@@ -285,10 +302,15 @@ class GroupMachine:
         return None
 
     def _drop(self, flight: Flight) -> None:
-        """Out of the map (if still there) and the running set. Locked."""
+        """
+        Out of the map (if still there) and the running set, its joins
+        added to the group's count. Locked.
+        """
         if self.flights.get(flight.key) is flight:
             del self.flights[flight.key]
-        self._running.discard(flight)
+        if flight in self._running:
+            self._running.remove(flight)
+            self._joined += flight.joined
 
     def forget(self, key: Hashable) -> bool:
         """Take *key*'s flight out of the map; True if there was one."""
@@ -303,7 +325,7 @@ class GroupMachine:
                 running=len(self._running),
                 waiting=sum(len(f.members) for f in self._running),
                 executions=self._executions,
-                joined=self._joined,
+                joined=self._joined + sum(f.joined for f in self._running),
                 abandoned=self._abandoned,
             )
 

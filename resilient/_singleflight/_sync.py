@@ -15,12 +15,12 @@ from opentelemetry import context as otel_context
 
 from resilient._core import _clock
 from resilient._core._clock import MonotonicClock
-from resilient._core._telemetry import disabled
 from resilient._singleflight._common import (
     deadline_error,
     leave,
     note,
     outcome,
+    recording,
 )
 from resilient._singleflight._machine import (
     ABORTED,
@@ -30,7 +30,6 @@ from resilient._singleflight._machine import (
     Flight,
     Ticket,
 )
-from resilient._singleflight._report import recorder
 from resilient._timeout import check_scope, wake_on_cancel
 from resilient._wait import ThreadWaiter, wait_slice
 from resilient.exceptions import DeadlineExceeded
@@ -53,39 +52,38 @@ def call(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> T:
-    """`SingleFlight.call`, with the caller's telemetry if any is set."""
-    rec = None if disabled() else recorder(group.name)
-    if rec is None:
-        return _fly(group, key, fn, args, kwargs, rec=None)
-    with rec:
-        return _fly(group, key, fn, args, kwargs, rec=rec)
-
-
-def _fly(
-    group: SingleFlight,
-    key: Hashable,
-    fn: Callable[..., T],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    rec: Recorder | None,
-) -> T:
+    """
+    `SingleFlight.call`. Telemetry is the flight's, as in the async shell:
+    its callers record if some was configured when it started.
+    """
     m = group._machine  # noqa: SLF001
-    while True:
-        waiter = ThreadWaiter()
-        ticket = Ticket(waiter)
-        try:
-            flight = m.join(key, ticket, is_async=False)
-            if rec is not None:
-                rec.joined(flight, leads=flight.owner is ticket)
-            if flight.owner is ticket:
-                return _lead(group, flight, fn, args, kwargs, rec=rec)
-            _follow(group, flight, waiter)
-        finally:
-            leave(m, ticket, rec)
-        done, value = outcome(flight, ticket, rec)
-        if done:
-            return value  # type: ignore[no-any-return]
+    rec: Recorder | None = None
+    failed: BaseException | None = None
+    try:
+        while True:
+            waiter = ThreadWaiter()
+            ticket = Ticket(waiter)
+            try:
+                flight = m.join(key, ticket, is_async=False)
+                leads = flight.owner is ticket
+                rec = recording(group.name, flight, rec)
+                if rec is not None:
+                    rec.joined(flight, leads=leads)
+                if leads:
+                    return _lead(group, flight, fn, args, kwargs, rec=rec)
+                _follow(group, flight, waiter)
+            finally:
+                leave(m, ticket, rec)
+            done, value = outcome(flight, ticket, rec)
+            if done:
+                return value  # type: ignore[no-any-return]
+    except BaseException as exc:
+        failed = exc
+        raise
+    finally:
+        if rec is not None:
+            rec.ended(failed)
+        failed = None  # (No cycle through the traceback.)
 
 
 def _lead(

@@ -19,7 +19,12 @@ but costs about as much as the rest of a call, so:
   the dead outnumber the live (so the heap stays within twice the attempts
   in flight, plus a constant).
 - on trio, a native `trio.CancelScope` with the deadline: trio's runner
-  keeps its own deadline heap; anyio's wrapper around it is skipped.
+  keeps its own deadline heap; anyio's wrapper around it is skipped. The
+  decorators' drivers arm it only once the attempt's coroutine suspends
+  (`resilient._pipeline._lazy`), by then maybe inside cancel scopes of its
+  own (``trio.sleep`` opens one): `arm` then splices the attempt's scope
+  into the task's tree of cancel statuses *above* those, where it would
+  have been had it been entered first (`_splice`).
 
 Either object is a context manager with the interface of a cancel scope
 that the drivers read: ``with deadline: ...`` then ``cancelled_caught``.
@@ -122,6 +127,15 @@ class _Watchdog:
             self.arm(heap[0][_AT], loop)
 
 
+def _fire(entry: list[Any]) -> None:
+    """Cancel the task of *entry*, an attempt past its deadline, unless
+    it has ended."""
+    task = entry[TASK]
+    if task is not None:
+        entry[FIRED] = True
+        task.cancel()
+
+
 _SEQ: Final = itertools.count()
 
 # One watchdog per event loop; the last one looked up, first (one identity
@@ -145,18 +159,22 @@ def _watchdog(loop: asyncio.AbstractEventLoop) -> _Watchdog:
 _trio: Any = None
 
 
-def arm(left: float) -> Any:
+def arm(left: float, base: Any = None) -> Any:
     """
     Arm a deadline *left* seconds from now for the async code that runs
     until `disarm`, in the event loop running here (asyncio or trio).
 
-    Call `disarm` on every way out: right before a ``try`` whose every
-    branch does (nothing between can raise but an asynchronous exception,
-    and none is checked for there).
+    On trio, *base* is what `trio_base` gave when that code started, if
+    it may have entered cancel scopes since (an attempt armed at its first
+    suspension): the deadline's scope goes in above those.
+
+    Call `disarm` on every way out: inside a ``try`` whose handlers do
+    (`arm` returns to a Python caller, and CPython checks for asynchronous
+    exceptions neither on that return nor on the store of its result).
     """
     loop = _get_running_loop()
     if loop is None:  # No asyncio loop runs here: trio does.
-        return _trio_arm(left)
+        return _trio_arm(left, base)
     last = _last
     dog = (
         last[1] if last is not None and last[0]() is loop else _watchdog(loop)
@@ -166,6 +184,14 @@ def arm(left: float) -> Any:
         raise RuntimeError("an attempt deadline needs an asyncio task")
     at = (_monotonic() if dog.native else loop.time()) + left
     entry = [at, next(_SEQ), task, task.cancelling(), False]
+    if left <= 0:
+        # Past already (an attempt armed at its first suspension): a
+        # callback queued now runs before the task's own wake-up from the
+        # suspension that follows (a timer would run after it, once a bare
+        # yield had resumed the attempt), and cancels it only if the
+        # attempt has not ended by then.
+        loop.call_soon(_fire, entry)
+        return entry
     try:
         heap = dog.heap
         heappush(heap, entry)
@@ -183,6 +209,7 @@ def disarm(armed: Any, exc: BaseException | None) -> bool:
     """
     Undo `arm` (the code it guarded ended with *exc*, or None); True if the
     deadline stopped it (*exc* is the deadline's cancellation alone).
+    Undoing it again (after a `disarm` cut short) changes nothing.
     """
     if type(armed) is not list:
         return _trio_disarm(armed, exc)
@@ -190,7 +217,7 @@ def disarm(armed: Any, exc: BaseException | None) -> bool:
     # attempt has ended, whatever lands later here.
     task = armed[TASK]
     armed[TASK] = None
-    if not armed[FIRED]:
+    if task is None or not armed[FIRED]:
         return False
     # Our cancellation, taken back: the attempt was stopped by it alone if
     # no other cancellation (the caller's) is pending.
@@ -199,16 +226,67 @@ def disarm(armed: Any, exc: BaseException | None) -> bool:
     )
 
 
-def _trio_arm(left: float) -> Any:
-    """Enter trio's own cancel scope with the deadline."""
+def trio_base() -> Any:
+    """
+    Where in trio's tree of cancel statuses an attempt starts (the current
+    task's), for `arm` at its first suspension, when no asyncio loop runs
+    here (the drivers ask ``_get_running_loop()`` first; on asyncio the
+    base is None); `EAGER` on a trio whose tree cannot be spliced (then arm
+    before the attempt).
+    """
+    if _trio is None:
+        _import_trio()
+    if not _SPLICE:  # pragma: no cover - every trio this supports can
+        return EAGER
+    return _current_task_trio()._cancel_status  # noqa: SLF001
+
+
+EAGER: Final = object()
+"""`trio_base` on a trio whose cancel statuses cannot be spliced."""
+
+
+def _trio_arm(left: float, base: Any) -> Any:
+    """Enter trio's own cancel scope with the deadline (spliced above the
+    scopes entered since *base*, if any)."""
     trio = _trio or _import_trio()
     scope = trio.CancelScope(deadline=trio.current_time() + left)
-    scope.__enter__()
+    if base is None:
+        scope.__enter__()
+        return scope
+    task = _current_task_trio()
+    top = task._cancel_status  # noqa: SLF001
+    if top is base:  # No scope entered since: it nests as it is.
+        scope.__enter__()
+        return scope
+    _splice(scope, task, top, base)
     return scope
+
+
+def _splice(scope: Any, task: Any, top: Any, base: Any) -> None:
+    """
+    Enter *scope* as if before the cancel scopes that *task* entered since
+    its cancel status was *base* (*top* now): its status becomes *base*'s
+    child and the parent of the outermost of those, and the task stays in
+    *top*. trio's own ``TaskStatus.started`` moves statuses between
+    parents with the same setter; each move recomputes who is cancelled,
+    so a deadline already past cancels the task at this checkpoint.
+    """
+    child = top
+    while child.parent is not base:
+        child = child.parent
+        if child is None:  # pragma: no cover - misnested by the attempt
+            raise RuntimeError("the attempt left the cancel scope it began in")
+    scope.__enter__()  # The task in the scope's status, a child of *top*.
+    status = scope._cancel_status  # noqa: SLF001
+    task._activate_cancel_status(top)  # noqa: SLF001 - back where it was
+    status.parent = base
+    child.parent = status
 
 
 def _trio_disarm(scope: Any, exc: BaseException | None) -> bool:
     """Exit trio's scope; True if it caught its own cancellation."""
+    if scope._cancel_status is None:  # noqa: SLF001 - exited already
+        return False
     if exc is None:
         scope.__exit__(None, None, None)
         return False
@@ -241,6 +319,8 @@ class AttemptDeadline:
         tb: TracebackType | None,
     ) -> bool:
         armed, self._armed = self._armed, None
+        if armed is None:  # Not entered, or its entry cut short.
+            return False
         caught = self.cancelled_caught = disarm(armed, exc)
         return caught
 
@@ -264,10 +344,22 @@ def _yield_now() -> Generator[None, None, None]:
     yield
 
 
+_current_task_trio: Any = None
+_SPLICE = False
+
+
 def _import_trio() -> Any:
     """Import trio once, on first use (``import resilient`` does not)."""
-    global _trio  # noqa: PLW0603 - imported lazily
+    global _trio, _current_task_trio, _SPLICE  # noqa: PLW0603 - imported lazily
     import trio  # noqa: PLC0415
 
+    _current_task_trio = trio.lowlevel.current_task
+    # What `_splice` uses of trio's private cancel tree (trio 0.12 on).
+    _SPLICE = hasattr(trio.lowlevel.Task, "_activate_cancel_status") and (
+        isinstance(
+            getattr(trio._core._run.CancelStatus, "parent", None),  # noqa: SLF001
+            property,
+        )
+    )
     _trio = trio
     return trio

@@ -1,0 +1,539 @@
+"""
+The embedded store's flock per lock name, and how its waiters are woken.
+
+A holder keeps ``flock(LOCK_EX)`` on ``<db>.locks/<sha256 of the name>.lock``
+beside its row, and the row records that it does. The flock only ever wakes
+waiters and proves death (the kernel drops a dead process's flocks); the
+row grants and fences. A process that holds the flock may take over a row
+whose holder recorded the flock, because that holder must be gone. Why the
+takeover is safe: the path's inode changes only when a process that holds
+that inode's flock unlinks it, and a process that gets a flock checks that
+its inode is still the path's, so while a holder that recorded the flock
+lives, no one else can hold the flock of the path's inode.
+
+The costs of an uncontended hold, kept low: each process keeps the
+descriptors of the lock files it used lately open, unlocked, in a bounded
+cache (`FD_CACHE` per store), so a hold is one ``flock`` and one ``stat`` to
+take the file, and one ``flock`` and one ``fstat`` to let it go; a file is
+unlinked only when its descriptor leaves the cache (or the store is
+closed, or the process exits), under its flock and after the inode check,
+so no waiter is ever left holding an unlinked file that the next holder
+would not see. A process killed with ``SIGKILL`` leaves at most `FD_CACHE`
+empty files, which the next user of those names reuses.
+
+**Wake-ups, one per hand-over.** A sync waiter is the thread that will take
+the lease, and it waits itself (`Waiter`): it polls the name's FIFO,
+``<hash>.wake`` (opened read-write, so that it never reads as hung up),
+with its wait's bound, after marking the lock file (its size set to 1: "a
+waiter listens"). A holder letting go of a marked file writes a byte into
+the FIFO after its ``LOCK_UN``, so the release wakes the waiting thread
+itself, which takes the flock without blocking and grants in the same
+turn. The first waiter to run drains the byte and wins; if it is slow to
+run, the byte is still there and the next waiter's poll sees it too, so the
+tail is that of the quickest waiter, not of one chosen thread. A releaser
+whose FIFO has no reader clears the mark. A holder killed with ``SIGKILL``
+writes nothing; the waiter also looks at the flock every `CHECK` seconds
+(``LOCK_NB``): a free flock wakes it. An async waiter's event loop cannot
+block, so its wake-up is a helper thread per name that blocks on the flock
+(`LockFiles.watch`) and then tells the loop: two wake-ups, but no poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import math
+import os
+import select
+import threading
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Final, final
+
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from resilient._backends._base import LockKey
+
+
+#: How long a free lease whose flock someone else holds (a waiter that is
+#: about to take it) is left to that waiter before it is taken without the
+#: flock (the flock's holder may be stopped), in nanoseconds.
+CONTESTED_NS: Final = 50_000_000
+
+#: How many unlocked lock-file descriptors a store keeps open for reuse.
+FD_CACHE: int = 64
+
+#: Seconds between a sync waiter's looks at the flock while it waits for
+#: a wake-up (a holder killed with SIGKILL sends none).
+CHECK: float = 0.01
+
+_HELD: Final = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
+
+
+def inode(path: str) -> int | None:
+    """The inode of *path*, or None if there is no such file."""
+    try:
+        return os.stat(path).st_ino  # noqa: PTH116
+    except FileNotFoundError:
+        return None
+
+
+@final
+class _Name:
+    """One name's flock state in this process (an async waiter's wake-up)."""
+
+    __slots__ = ("fd", "thread", "watchers")
+
+    def __init__(self) -> None:
+        self.fd: tuple[int, int] | None = None
+        """A flock this process holds for the name but no lease uses."""
+        self.watchers: list[Callable[[], None]] = []
+        self.thread: threading.Thread | None = None
+
+
+@final
+class LockFiles:
+    """The lock files of one store in one process: flocks and wake-ups."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self._prefix = f"{directory}/"
+        self.lock = threading.Lock()
+        """Guards this object's maps (the store's statements use it too)."""
+        self.names: dict[bytes, _Name] = {}
+        # Held flocks by owner secret: (descriptor, inode, key digest).
+        self.held: dict[bytes, tuple[int, int, bytes]] = {}
+        # Unlocked descriptors kept for reuse, by key digest, oldest first.
+        self.fds: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+        self.contested: dict[bytes, int] = {}
+
+    def path(self, key: LockKey) -> str:
+        """The lock file of *key*."""
+        return f"{self._prefix}{key.hex}.lock"
+
+    def after_fork(self) -> None:
+        """A forked child owns none of the parent's flocks."""
+        # Closing our copies of the descriptors keeps the parent's flocks
+        # (a flock lives while any descriptor of it is open).
+        fds = [held[0] for held in self.held.values()]
+        fds += [cached[0] for cached in self.fds.values()]
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.held.clear()
+        self.fds.clear()
+        self.names.clear()
+        self.lock = threading.Lock()
+
+    # -- taking and letting go -------------------------------------------
+
+    def open_locked(self, path: str, *, block: bool) -> tuple[int, int] | None:
+        """
+        Open *path* and flock it (waiting if *block*): the descriptor and
+        its inode, or None if it is held. The inode is checked after the
+        flock, so a file unlinked meanwhile is never the one held.
+        """
+        while True:
+            fd = -1
+            try:
+                fd = os.open(
+                    path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
+                fcntl.flock(
+                    fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB)
+                )
+                ino = os.fstat(fd).st_ino
+                if inode(path) == ino:
+                    return fd, ino
+            except OSError as exc:
+                if fd >= 0:
+                    os.close(fd)
+                if exc.errno in _HELD:
+                    return None
+                raise
+            except BaseException:
+                if fd >= 0:
+                    os.close(fd)
+                raise
+            os.close(fd)  # Unlinked under us: take the new file.
+
+    def take(self, key: LockKey) -> tuple[int, int] | None:
+        """
+        A flock of *key*'s file: one a waker got for us, a cached
+        descriptor locked again, or a newly opened one; None if held.
+        """
+        with self.lock:
+            state = self.names.get(key.digest)
+            if state is not None and state.fd is not None:
+                taken, state.fd = state.fd, None
+                return taken
+            cached = self.fds.pop(key.digest, None)
+        path = self.path(key)
+        try:
+            if cached is not None:
+                fd, ino = cached
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError as exc:
+                    if exc.errno not in _HELD:
+                        raise  # pragma: no cover - flock on a valid fd
+                    self.cache(key.digest, fd, ino)
+                    return None
+                except BaseException:
+                    os.close(fd)
+                    raise
+                if inode(path) == ino:
+                    return fd, ino
+                os.close(fd)  # Unlinked since: the path is a new file.
+            return self.open_locked(path, block=False)
+        except OSError:
+            return None  # No lock directory access: rows still work.
+
+    def unlock(self, digest: bytes, fd: int, *, poke: bool = True) -> None:
+        """
+        ``LOCK_UN``, then (if *poke*) wake the sync waiters if the file is
+        marked. A flock taken by a try that found the row held by a holder
+        without one is let go without a poke: no waiter could use it, and
+        a waiter of this process would only wake itself again.
+        """
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        if not poke:
+            return
+        try:
+            marked = os.fstat(fd).st_size
+        except OSError:  # pragma: no cover - fstat of an open descriptor
+            return
+        if marked:
+            self.poke(digest, fd)
+
+    def poke(self, digest: bytes, fd: int) -> None:
+        """
+        Write a byte into the name's FIFO; clear the file's mark (through
+        its descriptor *fd*) if nobody has the FIFO open.
+        """
+        try:
+            out = os.open(
+                f"{self._prefix}{digest.hex()}.wake",
+                os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC,
+            )
+        except OSError:  # No FIFO, or no reader: nobody listens.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            return
+        try:
+            os.write(out, b"\0")
+        except OSError:  # pragma: no cover - full: they will wake anyway
+            pass
+        finally:
+            os.close(out)
+
+    def cache(self, digest: bytes, fd: int, ino: int) -> None:
+        """Keep an unlocked descriptor for reuse; evict the oldest."""
+        evicted = []
+        with self.lock:
+            old = self.fds.pop(digest, None)
+            if old is not None:
+                evicted.append((digest, *old))
+            self.fds[digest] = (fd, ino)
+            while len(self.fds) > FD_CACHE:
+                oldest, (old_fd, old_ino) = self.fds.popitem(last=False)
+                evicted.append((oldest, old_fd, old_ino))
+        for gone, gone_fd, gone_ino in evicted:
+            self.evict(gone, gone_fd, gone_ino)
+
+    def evict(self, digest: bytes, fd: int, ino: int) -> None:
+        """
+        Close a cached descriptor, unlinking its file (and its FIFO, if
+        nobody has that open) if nobody holds or waits for it: under its
+        flock, and only if it is still the path's.
+        """
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # Held by someone: the file is theirs to keep.
+            return
+        try:
+            stem = f"{self._prefix}{digest.hex()}"
+            if inode(f"{stem}.lock") == ino:
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{stem}.lock")  # noqa: PTH108
+                _unlink_unused_fifo(f"{stem}.wake")
+        finally:
+            os.close(fd)  # Closing drops the flock.
+
+    def patient(self, key: LockKey, now: int) -> bool:
+        """
+        Whether this process has found *key* free but flocked by someone
+        else for `CONTESTED_NS` already (the caller holds `lock`).
+        """
+        contested = self.contested
+        if len(contested) > 4096:
+            contested.clear()
+        first = contested.setdefault(key.digest, now)
+        return now - first >= CONTESTED_NS
+
+    def park(self, key: LockKey, flock: tuple[int, int]) -> None:
+        """Keep a flock for this process's async waiters, or let it go."""
+        with self.lock:
+            state = self.names.get(key.digest)
+            if state is not None and state.watchers and state.fd is None:
+                state.fd = flock
+                return
+        self.unlock(key.digest, flock[0], poke=False)
+        self.cache(key.digest, *flock)
+
+    def drop(self, secret: bytes) -> None:
+        """After a release: unlock the file and keep its descriptor."""
+        with self.lock:
+            held = self.held.pop(secret, None)
+            if held is None:
+                return
+            fd, ino, digest = held
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            if os.fstat(fd).st_size:  # Marked: a sync waiter listens.
+                self.poke(digest, fd)
+            fds = self.fds
+            if digest not in fds and len(fds) < FD_CACHE:
+                fds[digest] = (fd, ino)  # Room in the cache: no eviction.
+                return
+        self.cache(digest, fd, ino)
+
+    def clear_cache(self) -> None:
+        """Close every cached descriptor, unlinking the files nobody uses."""
+        with self.lock:
+            cached = list(self.fds.items())
+            self.fds.clear()
+        for digest, (fd, ino) in cached:
+            self.evict(digest, fd, ino)
+
+    # -- sync waiters --------------------------------------------------------
+
+    def waiter(self, key: LockKey) -> Waiter:
+        """The wake-up of a sync waiter for *key* (see the module)."""
+        return Waiter(self, key)
+
+    def flock_free(self, key: LockKey, *, poke: bool = False) -> bool:
+        """
+        Whether *key*'s flock is free now (taken and let go at once, with
+        a poke if *poke*); not when this process keeps it for an async
+        waiter, who takes it next.
+        """
+        with self.lock:
+            state = self.names.get(key.digest)
+            if state is not None and state.fd is not None:
+                return False
+        flock = self.take(key)
+        if flock is None:
+            return False
+        self.unlock(key.digest, flock[0], poke=poke)
+        self.cache(key.digest, *flock)
+        return True
+
+    # -- async waiters: a thread per name blocks on the flock ---------------
+
+    def watch(
+        self, key: LockKey, notify: Callable[[], None]
+    ) -> Callable[[], None]:
+        """
+        Wake *notify* when *key*'s flock comes free: a helper thread per
+        name (not per waiter) blocks on it.
+        """
+        with self.lock:
+            state = self.names.get(key.digest)
+            if state is None:
+                state = self.names[key.digest] = _Name()
+            state.watchers.append(notify)
+            if state.thread is None and state.fd is None:
+                state.thread = threading.Thread(
+                    target=self._wake,
+                    args=(key, state),
+                    daemon=True,
+                    name="resilient-lock-waker",
+                )
+                state.thread.start()
+
+        def stop() -> None:
+            fd = None
+            with self.lock:
+                if notify in state.watchers:
+                    state.watchers.remove(notify)
+                if not state.watchers:
+                    fd, state.fd = state.fd, None
+                    if state.thread is None:
+                        self.names.pop(key.digest, None)
+            if fd is not None:
+                self.unlock(key.digest, fd[0])
+                self.cache(key.digest, *fd)
+
+        return stop
+
+    def _wake(self, key: LockKey, state: _Name) -> None:
+        """The waker: block on the flock, then hand it to the waiters."""
+        try:
+            fd = self.open_locked(self.path(key), block=True)
+        except OSError:
+            fd = None
+        with self.lock:
+            state.thread = None
+            watchers = list(state.watchers)
+            if watchers and fd is not None and state.fd is None:
+                state.fd, fd = fd, None
+            elif not watchers:
+                self.names.pop(key.digest, None)
+        if fd is not None:
+            self.unlock(key.digest, fd[0])
+            self.cache(key.digest, *fd)
+        for notify in watchers:
+            notify()
+
+
+@final
+class Waiter:
+    """
+    A sync waiter's wake-up: the name's FIFO and a pipe of its own (for
+    the cancel scope), polled by the waiting thread with the wait's bound.
+    Calling it stops waiting; it never raises from `block`'s I/O errors
+    (a wake-up is a hint: the wait's bound and `CHECK` still hold).
+    """
+
+    __slots__ = (
+        "_fifo",
+        "_ino",
+        "_open",
+        "_pipe",
+        "_poll",
+        "files",
+        "key",
+        "woken",
+    )
+
+    def __init__(self, files: LockFiles, key: LockKey) -> None:
+        self.files = files
+        self.key = key
+        # Every descriptor, listed as it is made (in the same statement),
+        # so that `close` (or `__del__`, after an interrupt) finds it.
+        self._open: list[int] = []
+        self._fifo: int | None = None
+        self.woken = False
+        """Whether a release's byte was read and no grant followed yet."""
+        self._ino = 0
+        self._poll = select.poll()
+        self._open.extend(pipe := os.pipe())
+        self._pipe = pipe
+        for end in self._pipe:
+            os.set_blocking(end, False)
+        self._poll.register(self._pipe[0], select.POLLIN)
+        self._listen()
+
+    def _listen(self) -> None:
+        """Open (making it if need be) the name's FIFO and mark the file."""
+        stem = f"{self.files.dir}/{self.key.hex}"
+        if self._fifo is not None:
+            self._poll.unregister(self._fifo)
+            fifo, self._fifo = self._fifo, None
+            _close(self._open, fifo)
+        path, flags = f"{stem}.wake", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkfifo(path, 0o600)
+            # Listed at once, in one line (an interrupt's `close` finds it).
+            self._open.append(fifo := os.open(path, flags))
+        except OSError:
+            return  # No FIFO here: the CHECK looks still serve.
+        self._fifo = fifo
+        self._ino = os.fstat(fifo).st_ino
+        self._poll.register(fifo, select.POLLIN)
+        self.mark()
+
+    def mark(self) -> None:
+        """Tell holders that a waiter listens (the lock file's size)."""
+        with contextlib.suppress(OSError):
+            os.truncate(f"{self.files.dir}/{self.key.hex}.lock", 1)
+
+    def wake(self) -> None:
+        """End the current `block` (from any thread: the cancel scope)."""
+        with contextlib.suppress(OSError):  # full (it will wake) or closed
+            os.write(self._pipe[1], b"x")
+
+    def block(self, seconds: float) -> None:
+        """
+        Wait up to *seconds* for a release, a `wake`, or a free flock
+        (looked at every `CHECK` seconds).
+        """
+        until = time.monotonic() + seconds
+        self.mark()  # A releaser since the last wait may have cleared it.
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            ready = self._poll.poll(math.ceil(min(left, CHECK) * 1000))
+            if ready:
+                for fd, _ in ready:
+                    self.woken |= fd == self._fifo
+                    _drain(fd)
+                return
+            if self.files.flock_free(self.key):
+                return
+            try:
+                moved = (
+                    os.stat(  # noqa: PTH116
+                        f"{self.files.dir}/{self.key.hex}.wake"
+                    ).st_ino
+                    != self._ino
+                )
+            except OSError:
+                moved = True
+            if moved:  # Unlinked by an eviction: listen to the new one.
+                self._listen()
+
+    def __call__(self) -> None:
+        """
+        Stop waiting. A release's byte that this waiter read but did not
+        act on (it gave up) is passed on if the flock is free.
+        """
+        if self.woken:
+            self.files.flock_free(self.key, poke=True)
+        self.close()
+
+    def close(self) -> None:
+        """Close the descriptors (idempotent)."""
+        self._fifo = None
+        _close(getattr(self, "_open", []))
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _close(fds: list[int], only: int | None = None) -> None:
+    """Close *only* (or every descriptor) of *fds*, each taken off first."""
+    while fds:
+        if only is not None:
+            fds.remove(only)
+            fd = only
+        else:
+            fd = fds.pop()
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        if only is not None:
+            return
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        while os.read(fd, 512):
+            pass
+
+
+def _unlink_unused_fifo(path: str) -> None:
+    """Unlink the FIFO at *path* unless someone has it open to read."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # Nobody reads it.
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # noqa: PTH108
+        return
+    os.close(fd)  # A waiter listens: keep it.

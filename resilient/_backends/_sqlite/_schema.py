@@ -1,0 +1,126 @@
+"""
+The embedded store's tables and statements, its URL and the boot id.
+
+One statement grants and mints: ``fence = max(row + 1, floor + 1, wall
+µs)``; a deleted row's fence is folded into the floor by a trigger in the
+same statement. Statements take positional parameters (binding a dict of
+names costs more than the rest of the call) and are prepared once by
+`sqlite3`'s statement cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+from typing import Final
+from urllib.parse import parse_qs, unquote
+
+from resilient.exceptions import ConfigError
+
+
+#: Seconds a statement waits for another process's write lock.
+BUSY_TIMEOUT: Final = 5.0
+
+#: Every this many grants, free and expired rows of other names are swept.
+SWEEP_EVERY: Final = 256
+
+#: The page size of a new database: a grant or a release writes one page
+#: to the WAL, and a small page costs less to checksum and write.
+PAGE_SIZE: Final = 1024
+
+#: Bytes of the database file read through ``mmap`` instead of ``read``.
+MMAP_SIZE: Final = 1 << 23
+
+SCHEMA: Final = (
+    """CREATE TABLE IF NOT EXISTS leases (
+        name TEXT PRIMARY KEY,
+        owner BLOB NOT NULL,
+        fence INTEGER NOT NULL,
+        expires_ns INTEGER NOT NULL,
+        boot TEXT NOT NULL,
+        flocked INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS floor (
+        id INTEGER PRIMARY KEY CHECK (id = 0),
+        fence INTEGER NOT NULL
+    )""",
+    "INSERT OR IGNORE INTO floor VALUES (0, 0)",
+    # A deleted row's fence is folded into the floor in the same statement.
+    """CREATE TRIGGER IF NOT EXISTS leases_floor AFTER DELETE ON leases
+    BEGIN
+        UPDATE floor SET fence = max(fence, old.fence) WHERE id = 0;
+    END""",
+)
+
+# One statement grants and mints: fence = max(row + 1, floor + 1, wall µs).
+# ?1 name, ?2 owner, ?3 wall-clock µs, ?4 expiry, ?5 boot, ?6 flocked,
+# ?7 now (monotonic ns).
+ACQUIRE: Final = """
+INSERT INTO leases (name, owner, fence, expires_ns, boot, flocked)
+VALUES (
+    ?1, ?2, max((SELECT fence FROM floor WHERE id = 0) + 1, ?3), ?4, ?5, ?6
+)
+ON CONFLICT (name) DO UPDATE SET
+    owner = excluded.owner,
+    fence = max(leases.fence + 1, excluded.fence),
+    expires_ns = excluded.expires_ns,
+    boot = excluded.boot,
+    flocked = excluded.flocked
+WHERE leases.expires_ns <= ?7 OR leases.boot != ?5
+    OR leases.owner = ?2 OR (?6 AND leases.flocked)
+RETURNING fence
+"""
+
+HOLDER: Final = "SELECT expires_ns, boot, owner FROM leases WHERE name = ?"
+
+# ?1 expiry, ?2 name, ?3 owner, ?4 boot, ?5 now.
+RENEW: Final = """
+UPDATE leases SET expires_ns = ?1
+WHERE name = ?2 AND owner = ?3 AND boot = ?4 AND expires_ns > ?5
+"""
+
+# A released row is marked free (expires_ns = 0) and kept for the next grant
+# of the name; the sweep deletes it. Only a lease still ours and unexpired
+# counts as released.
+RELEASE: Final = """
+UPDATE leases SET expires_ns = 0
+WHERE name = ? AND owner = ? AND expires_ns > ? AND boot = ?
+"""
+
+SWEEP: Final = """
+DELETE FROM leases WHERE name IN (
+    SELECT name FROM leases WHERE expires_ns <= ? OR boot != ? LIMIT 256
+)
+"""
+
+
+def boot_id() -> str:
+    """
+    This boot's id: Linux's ``/proc/sys/kernel/random/boot_id``; elsewhere
+    the wall-clock time of the boot in whole minutes (an approximation).
+    """
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"boot@{round((time.time() - time.monotonic()) / 60)}"
+
+
+def parse(url: str) -> tuple[Path, bool]:
+    """The database path and whether to fsync every commit."""
+    rest = url.partition("://")[2]
+    path, _, query = rest.partition("?")
+    if not path.startswith("/") or path == "/":
+        raise ConfigError(
+            "lock(backend)",
+            "sqlite://",
+            "needs a path: sqlite:///relative/file or sqlite:////absolute/file",
+        )
+    options = parse_qs(query)
+    sync = options.pop("synchronous", ["normal"])[-1].lower()
+    if options or sync not in {"normal", "full"}:
+        raise ConfigError(
+            "lock(backend)",
+            "sqlite://",
+            "takes only ?synchronous=normal or ?synchronous=full",
+        )
+    return Path(unquote(path[1:])), sync == "full"
