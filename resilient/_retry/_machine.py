@@ -32,7 +32,7 @@ from resilient._retry._asks import (
     type_only,
 )
 from resilient._retry._notes import WrongShell, note
-from resilient._retry._records import MachineRecords, may_repeat, new_retry
+from resilient._retry._records import MachineRecords, new_retry
 from resilient.exceptions import CircuitOpen, Rejected
 
 
@@ -309,19 +309,6 @@ class RetryMachine(MachineRecords):
         self._source = "admission"
         return wait
 
-    def _spread(self, wait: float) -> float:
-        """
-        A stage's wait T, spread uniformly over [T, T + max(T, cap)],
-        where cap is the backoff's cap (the policy's own word on how widely
-        it spreads retries): every caller waiting for the same breaker would
-        otherwise come back in the instant it closes, and re-open it (see
-        "Retry and an open breaker" in docs/design.md).
-        """
-        if wait == math.inf:
-            return wait
-        cap = getattr(self.policy.backoff, "cap", 0.0)
-        return wait + self.rng.uniform(0.0, max(wait, cap))
-
     def _backoff(self) -> float | None:
         """The backoff's delay; None (logged) when it is not a delay."""
         backoff = self.policy.backoff
@@ -367,21 +354,6 @@ class RetryMachine(MachineRecords):
         return new_retry(
             decision, self._retry_event(None, value, decision, attempt)
         )
-
-    def _may_repeat(self, response: object) -> bool:
-        """Whether the request *response* answered may be sent again."""
-        return may_repeat(self.policy, response)
-
-    def _result_hint(self, value: object) -> float | None:
-        """A response's own ``Retry-After``, read with the default reader
-        (a user's reader is written for exceptions): for response-like
-        results only (they carry an HTTP status)."""
-        if (
-            self.policy.retry_after is not default_retry_after
-            or http_status(value) is None
-        ):
-            return None
-        return hint(self.policy, value)  # type: ignore[arg-type]
 
     def _next(self, hint: float | None) -> float | GiveUpReason:
         """The delay of the next retry, or why there is none."""
