@@ -92,8 +92,18 @@ class FullJitter:
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
         """Uniform in [0, min(cap, base * 2**retry)]."""
         # rng.uniform(0.0, w) is 0.0 + (w - 0.0) * rng.random(): the same
-        # float, one call less.
-        return exponential_ceiling(self.base, self.cap, retry) * rng.random()
+        # float, one call less; and `exponential_ceiling`, inline (a frame
+        # less: this is the default backoff, run before every retry).
+        cap = self.cap
+        if retry >= _ALWAYS_CAPPED:
+            return cap * rng.random()
+        try:
+            window = _ldexp(self.base, retry)
+        except OverflowError:
+            return cap * rng.random()
+        if window < cap:
+            return window * rng.random()
+        return cap * rng.random()
 
 
 @final

@@ -21,7 +21,6 @@ from resilient._core._decisions import (
     GiveUp,
     GiveUpReason,
     Retry,
-    RetryEvent,
 )
 from resilient._core._hints import default_retry_after
 from resilient._core._transient import every_leaf, http_status
@@ -33,7 +32,7 @@ from resilient._retry._asks import (
     type_only,
 )
 from resilient._retry._notes import WrongShell, note
-from resilient._retry._records import may_repeat, new_event, new_retry
+from resilient._retry._records import MachineRecords, new_retry
 from resilient.exceptions import CircuitOpen, Rejected
 
 
@@ -51,6 +50,7 @@ __all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
 
 log: Final = logging.getLogger("resilient")
 _INF: Final = math.inf
+_new: Final = object.__new__
 
 
 # What the machine reads of a policy (imported for the protocol's sake: it
@@ -59,7 +59,7 @@ RetrySettings = _settings.RetrySettings
 
 
 @final
-class RetryMachine:
+class RetryMachine(MachineRecords):
     """
     The decisions of one retrying call, and nothing else.
 
@@ -309,19 +309,6 @@ class RetryMachine:
         self._source = "admission"
         return wait
 
-    def _spread(self, wait: float) -> float:
-        """
-        A stage's wait T, spread uniformly over [T, T + max(T, cap)],
-        where cap is the backoff's cap (the policy's own word on how widely
-        it spreads retries): every caller waiting for the same breaker would
-        otherwise come back in the instant it closes, and re-open it (see
-        "Retry and an open breaker" in docs/design.md).
-        """
-        if wait == math.inf:
-            return wait
-        cap = getattr(self.policy.backoff, "cap", 0.0)
-        return wait + self.rng.uniform(0.0, max(wait, cap))
-
     def _backoff(self) -> float | None:
         """The backoff's delay; None (logged) when it is not a delay."""
         backoff = self.policy.backoff
@@ -367,21 +354,6 @@ class RetryMachine:
         return new_retry(
             decision, self._retry_event(None, value, decision, attempt)
         )
-
-    def _may_repeat(self, response: object) -> bool:
-        """Whether the request *response* answered may be sent again."""
-        return may_repeat(self.policy, response)
-
-    def _result_hint(self, value: object) -> float | None:
-        """A response's own ``Retry-After``, read with the default reader
-        (a user's reader is written for exceptions): for response-like
-        results only (they carry an HTTP status)."""
-        if (
-            self.policy.retry_after is not default_retry_after
-            or http_status(value) is None
-        ):
-            return None
-        return hint(self.policy, value)  # type: ignore[arg-type]
 
     def _next(self, hint: float | None) -> float | GiveUpReason:
         """The delay of the next retry, or why there is none."""
@@ -431,6 +403,84 @@ class RetryMachine:
         self.wake = now + delay
         return delay
 
+    def decide_transient(self) -> float | GiveUpReason:  # noqa: PLR0911
+        """
+        `decide_error`'s answer to a transient `Exception` that is not a
+        `resilient.exceptions.Rejected` and carries no hint (the policy's
+        ``retry_after`` is None, or reads none in it): the same decision
+        and state changes, in one frame when neither testing mode nor an
+        admission wait applies. For a driver that knows its errors (the
+        simulator, whose dependency raises two, asked once).
+
+        .. versionadded:: 26.12.0
+        """
+        attempt = self.attempt
+        if attempt >= self._max_attempts:
+            return "attempts"
+        if self._testing or self.admission_wait is not None:
+            return self._next(None)
+        policy = self.policy
+        try:
+            delay = policy.backoff.delay(attempt - 1, self._previous, self.rng)
+            if not 0.0 <= delay < _INF:
+                not_a_delay(policy, delay)
+                return "backoff_error"
+        except Exception:  # noqa: BLE001 - logged: a broken backoff
+            backoff_raised(policy)
+            return "backoff_error"
+        now = self._now()
+        if now + delay >= self.deadline:
+            return self._late()
+        budget = self.retry_budget
+        if budget is not None and not budget.try_acquire_retry():
+            return "retry_budget"
+        self._source = "backoff"
+        self._previous = delay
+        self.attempt = attempt + 1
+        self.wake = now + delay
+        return delay
+
+    def sibling(self, start: float) -> RetryMachine:
+        """
+        A new machine for another call of this one's policy, clock, rng,
+        retry budget and admission wait, starting at *start*, with no
+        enclosing deadline: ``RetryMachine(policy, clock, rng, start,
+        retry_budget=..., admission_wait=...)``, made for less (a driver
+        that makes one per call, the simulator).
+
+        .. versionadded:: 26.12.0
+        """
+        if self._testing or _state.testing.active:
+            return RetryMachine(
+                self.policy,
+                self.clock,
+                self.rng,
+                start,
+                retry_budget=self.retry_budget,
+                admission_wait=self.admission_wait,
+            )
+        new: RetryMachine = _new(RetryMachine)
+        policy = new.policy = self.policy
+        new.retry_budget = self.retry_budget
+        new.admission_wait = self.admission_wait
+        new.clock = self.clock
+        new._now = self._now
+        new.rng = self.rng
+        new.start = new.wake = start
+        budget = policy.budget
+        end = new._budget_end = start + budget if budget is not None else _INF
+        # min(math.inf, end), without the call.
+        new.deadline = end if end < _INF else _INF  # noqa: FURB136
+        new.attempt = 1
+        new._previous = 0.0
+        new._plain = None
+        new._rejections = 0
+        new._source = "backoff"
+        new._testing = False
+        attempts = policy.attempts
+        new._max_attempts = attempts if attempts is not None else _INF
+        return new
+
     def _late(self) -> GiveUpReason:
         return "budget" if self.deadline == self._budget_end else "deadline"
 
@@ -447,52 +497,3 @@ class RetryMachine:
             self.attempt = event.attempt
             return self._give_up(self._late(), event.exception, event.result)
         return max(0.0, min(self.wake, self.deadline) - now)
-
-    def _give_up(
-        self, reason: GiveUpReason, exc: BaseException | None, result: object
-    ) -> GiveUp:
-        return GiveUp(
-            reason, self._event(exc, result, None, reason, self.attempt)
-        )
-
-    def _retry_event(
-        self,
-        exc: BaseException | None,
-        result: object,
-        delay: float,
-        attempt: int,
-    ) -> RetryEvent:
-        return self._record(
-            exc, result, delay, None, attempt, source=self._source
-        )
-
-    def _event(
-        self,
-        exc: BaseException | None,
-        result: object,
-        delay: float | None,
-        reason: GiveUpReason | None,
-        attempt: int,
-    ) -> RetryEvent:
-        return self._record(exc, result, delay, reason, attempt, source=None)
-
-    def _record(
-        self,
-        exc: BaseException | None,
-        result: object,
-        delay: float | None,
-        reason: GiveUpReason | None,
-        attempt: int,
-        *,
-        source: DelaySource | None,
-    ) -> RetryEvent:
-        return new_event(
-            self.policy.name,
-            attempt,
-            self._now() - self.start,
-            delay,
-            exc,
-            result,
-            reason,
-            source,
-        )

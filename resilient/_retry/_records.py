@@ -1,19 +1,26 @@
 """
 What the retry machine leans on: its records (`RetryEvent`, `Retry`) made
 without attrs' frozen ``__init__`` (about half the cost of a retry's
-bookkeeping), and the non-idempotent rule it asks of a response.
+bookkeeping), the non-idempotent rule it asks of a response, and the
+methods of both (`MachineRecords`, its base).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Final
 
-from resilient._core._decisions import Retry, RetryEvent
-from resilient._core._transient import Transient
+from resilient._core._decisions import GiveUp, Retry, RetryEvent
+from resilient._core._hints import default_retry_after
+from resilient._core._transient import Transient, http_status
+from resilient._retry._asks import hint
 
 
 if TYPE_CHECKING:
+    import random
+    from collections.abc import Callable
+
     from resilient._core._decisions import DelaySource, GiveUpReason
     from resilient._core._settings import RetrySettings
 
@@ -106,3 +113,99 @@ def may_repeat(policy: RetrySettings, response: object) -> bool:
             policy.name,
         )
         return False
+
+
+class MachineRecords:
+    """
+    The `RetryMachine`'s records of its decisions (`RetryEvent`, `GiveUp`),
+    which a driver reading no records never makes, and what it reads
+    besides its decision: an admission wait's spread, a response's hint
+    and whether its request may be sent again.
+    """
+
+    __slots__ = ()
+
+    # The machine's fields these read (its own slots).
+    policy: RetrySettings
+    attempt: int
+    start: float
+    _now: Callable[[], float]
+    _source: DelaySource
+    rng: random.Random
+
+    def _spread(self, wait: float) -> float:
+        """
+        A stage's wait T, spread uniformly over [T, T + max(T, cap)],
+        where cap is the backoff's cap (the policy's own word on how widely
+        it spreads retries): every caller waiting for the same breaker would
+        otherwise come back in the instant it closes, and re-open it (see
+        "Retry and an open breaker" in docs/design.md).
+        """
+        if wait == math.inf:
+            return wait
+        cap = getattr(self.policy.backoff, "cap", 0.0)
+        return wait + self.rng.uniform(0.0, max(wait, cap))
+
+    def _may_repeat(self, response: object) -> bool:
+        """Whether the request *response* answered may be sent again."""
+        return may_repeat(self.policy, response)
+
+    def _result_hint(self, value: object) -> float | None:
+        """A response's own ``Retry-After``, read with the default reader
+        (a user's reader is written for exceptions): for response-like
+        results only (they carry an HTTP status)."""
+        if (
+            self.policy.retry_after is not default_retry_after
+            or http_status(value) is None
+        ):
+            return None
+        return hint(self.policy, value)  # type: ignore[arg-type]
+
+    def _give_up(
+        self, reason: GiveUpReason, exc: BaseException | None, result: object
+    ) -> GiveUp:
+        return GiveUp(
+            reason, self._event(exc, result, None, reason, self.attempt)
+        )
+
+    def _retry_event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float,
+        attempt: int,
+    ) -> RetryEvent:
+        return self._record(
+            exc, result, delay, None, attempt, source=self._source
+        )
+
+    def _event(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float | None,
+        reason: GiveUpReason | None,
+        attempt: int,
+    ) -> RetryEvent:
+        return self._record(exc, result, delay, reason, attempt, source=None)
+
+    def _record(
+        self,
+        exc: BaseException | None,
+        result: object,
+        delay: float | None,
+        reason: GiveUpReason | None,
+        attempt: int,
+        *,
+        source: DelaySource | None,
+    ) -> RetryEvent:
+        return new_event(
+            self.policy.name,
+            attempt,
+            self._now() - self.start,
+            delay,
+            exc,
+            result,
+            reason,
+            source,
+        )

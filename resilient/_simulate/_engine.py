@@ -200,14 +200,23 @@ class _Run:
         overload_end: float | None = None
         insort, heappush = bisect.insort_right, heapq.heappush
         decide = RetryMachine.decide_error
+        decide_transient = RetryMachine.decide_transient
+        # Every call's machine is made like this one (`sibling`: the
+        # constructor's work, less its arguments and defaults).
+        template = RetryMachine(policy, clock, rng, 0.0, retry_budget=budget)
+        sibling = RetryMachine.sibling
         # What the policy's retry_on says of the dependency's two errors,
         # asked once (they are the same two objects all run long); a
         # breaker's CircuitOpen is outwaited before retry_on is asked.
-        probe = RetryMachine(policy, clock, rng, 0.0)
         down_ok, overloaded_ok = (
-            probe.is_transient(_DOWN),
-            probe.is_transient(_OVERLOADED),
+            template.is_transient(_DOWN),
+            template.is_transient(_OVERLOADED),
         )
+        # The dependency's errors carry no hint, and a policy that reads
+        # none (retry_after=None) has `decide_error` answer a transient one
+        # as `decide_transient` does, in fewer frames.
+        no_hint = policy.retry_after is None
+        down_fast = down_ok and no_hint
         error: Exception | None
         transient: bool | None
         delay: float | GiveUpReason
@@ -232,10 +241,12 @@ class _Run:
                         clock.t = now
                         machine = machines[call]
                         if machine is None:
-                            machine = machines[call] = RetryMachine(
-                                policy, clock, rng, now
-                            )
-                        delay = decide(machine, _DOWN, False, down_ok)
+                            machine = machines[call] = sibling(template, now)
+                        delay = (
+                            decide_transient(machine)
+                            if down_fast
+                            else decide(machine, _DOWN, False, down_ok)
+                        )
                         if isinstance(delay, str):
                             ends[call], reasons[call] = now, delay
                             continue
@@ -331,20 +342,18 @@ class _Run:
                         # The first failure of the call, at its start: its
                         # machine is the one its first attempt would have
                         # made (a call served at once needs none).
-                        machine = machines[call] = (
-                            RetryMachine(policy, clock, rng, now)
-                            if budget is None
-                            else RetryMachine(
-                                policy, clock, rng, now, retry_budget=budget
-                            )
-                        )
+                        machine = machines[call] = sibling(template, now)
                     # The machine's decision without its event records, which
                     # nothing here reads.
-                    delay = decide(
-                        machine,
-                        error,
-                        False,  # own_timeout (positional: fewer steps)
-                        transient,
+                    delay = (
+                        decide_transient(machine)
+                        if transient and no_hint
+                        else decide(
+                            machine,
+                            error,
+                            False,  # own_timeout (positional: fewer steps)
+                            transient,
+                        )
                     )
                     if isinstance(delay, str):
                         ends[call], reasons[call] = now, delay
