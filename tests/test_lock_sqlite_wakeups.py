@@ -200,10 +200,16 @@ def test_an_interrupt_anywhere_in_the_wait_leaks_nothing(
     """A KeyboardInterrupt at any line of a waiting acquire on the embedded
     store (the FIFO, the pipe, the looks at the flock) leaves no descriptor
     open, no lease of ours and no flock held: the other holder's lease is
-    the only one, and a later acquire after its release is granted."""
+    the only one, and a later acquire after its release is granted.
+
+    The holder's lease lasts an hour: the loop makes one interrupted acquire
+    per line of the wait, which took over 30 s under a loaded full run, and
+    a 30 s lease expired in the middle of it (an acquire was then rightly
+    granted, and the last step found the lock already held by this
+    thread)."""
     backend: Any = open_backend(url)
     key, holder = LockKey.of("job"), OwnerToken()
-    assert isinstance(backend.acquire(key, holder, 30.0), Grant)
+    assert isinstance(backend.acquire(key, holder, 3600.0), Grant)
     lock = resilient.lock("job", backend=url, timeout=0.03)
     with pytest.raises(resilient.LockNotAcquired):
         lock.acquire()  # Warm: the connection and cached descriptors.
