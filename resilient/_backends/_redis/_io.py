@@ -131,16 +131,19 @@ class RedisBackend:
         return self._fresh(command)
 
     def _run(self, command: Command) -> Any:
+        """One call on a connection; kept if it answered, else dropped."""
         if command.limit <= 0:
             raise _timed_out(command, self._options.where)
-        return self._once(self._take(command), command, command.limit)
-
-    def _once(self, conn: Any, command: Command, limit: float) -> Any:
-        """One call on *conn*; kept if it answered, else dropped."""
+        # The connection is taken inside the ``try`` that drops it (as the
+        # async twin does): an interrupt landing between the checkout and
+        # the call no longer leaves it checked out of the pool for good.
+        conn: Any = None
         try:
-            reply = self._call(conn, command, limit)
+            conn = self._take(command)
+            reply = self._call(conn, command, command.limit)
         except BaseException as exc:
-            self._drop(conn)
+            if conn is not None:
+                self._drop(conn)
             if isinstance(exc, rx.RedisError | OSError):
                 raise backend_error(exc, command, self._options) from exc
             raise
