@@ -96,6 +96,7 @@ class BulkheadPermit:
         "__weakref__",
         "_bulkhead",
         "_deadline",
+        "_outer",
         "_reason",
         "_ref",
         "_since",
@@ -110,6 +111,9 @@ class BulkheadPermit:
     _since: float
     _deadline: float
     _reason: RejectReason
+    _outer: object
+    """The ticket of the stage before this one, carried for it by the
+    pipeline's breaker-then-bulkhead pair (`resilient._bulkhead._pair`)."""
 
     def __init__(self, bulkhead: Bulkhead) -> None:
         # The permit keeps its bulkhead alive, so the registry finds the
