@@ -218,7 +218,10 @@ class BulkheadMachine:
     # Every grant below is written the same way: the weak reference is made
     # first (a call), then it, the state and the counts are stored on the
     # permit and the machine with no call in between, then the reference is
-    # added (a call, after which the state is consistent again).
+    # added (a call, after which the state is consistent again). The
+    # pipeline's breaker-then-bulkhead pair (`resilient._bulkhead._pair`)
+    # does `take_new` and the held case of `release` inline: a change to
+    # either is made there too.
 
     def take(self, permit: BulkheadPermit) -> bool:
         """Give *permit* a free slot if there is one and nobody queues."""
