@@ -55,6 +55,9 @@ from resilient._breaker._now import now
 from resilient._breaker._records import (
     _OPEN,
     BreakerPermit,
+    BreakerState,
+    BreakerStatistics,
+    BreakerTransition,
 )
 from resilient._breaker._rejecting import admission, rejection
 from resilient._breaker._settling import (
@@ -77,12 +80,6 @@ from resilient.exceptions import CircuitOpen, ConfigTypeError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from resilient._breaker._records import (
-        BreakerState,
-        BreakerStatistics,
-        BreakerTransition,
-    )
 
 
 P = ParamSpec("P")
