@@ -444,7 +444,9 @@ class Transient(_Classifier):
     transient when every leaf is.
 
     A request that is not idempotent is never repeated by accident: when
-    the error carries its HTTP request (httpx, requests, aiohttp do) and
+    the error carries its HTTP request (httpx's and requests' errors do,
+    and aiohttp's status errors; aiohttp's connection errors and timeouts
+    do not, so send a key on those requests yourself) and
     the method is not in *idempotent_methods* (POST, PATCH) and the request
     has no *idempotency_header*, the error is transient only if the request
     never left the client (a refused connection, a connect or pool
