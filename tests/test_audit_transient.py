@@ -158,7 +158,10 @@ def test_urllib_request_errors_are_judged_by_their_reason() -> None:
                 )
             )
             assert isinstance(status, urllib.error.HTTPError)
-            assert TRANSIENT(status) is retried
+            try:
+                assert TRANSIENT(status) is retried
+            finally:
+                status.close()  # it holds the response open
     finally:
         server.stop()
     assert not TRANSIENT(urllib.error.URLError("unknown url type: ftpx"))
@@ -185,3 +188,34 @@ def test_aiohttp_fingerprint_mismatch_is_not_transient() -> None:
     assert TRANSIENT(server_error())
     assert not TRANSIENT(mismatch())
     assert not FAILURE(mismatch())
+
+
+def _aiohttp_response_error(cause: BaseException | None) -> Exception:
+    """aiohttp's ClientResponseError as aiohttp 3.x raises it: status 400
+    made up by the client when the server broke the protocol, raised from
+    the parser's HttpProcessingError (BadStatusLine and its kin)."""
+    response_error = _fake("aiohttp.client_exceptions", "ClientResponseError")
+    exc = response_error()
+    exc.status = 400  # type: ignore[attr-defined]
+    exc.__cause__ = cause
+    return exc
+
+
+def test_aiohttp_protocol_error_is_transient() -> None:
+    """A server that breaks HTTP (a bad status line) reaches aiohttp's
+    caller as ClientResponseError(status=400) from the parser's error:
+    transient and a dependency failure, as httpx's RemoteProtocolError and
+    requests' ConnectionError(BadStatusLine) are (before the audit it was
+    judged by its made-up 400: neither)."""
+    processing = _fake("aiohttp.http_exceptions", "HttpProcessingError")
+    bad_message = _fake(
+        "aiohttp.http_exceptions", "BadHttpMessage", processing
+    )
+    bad_status = _fake("aiohttp.http_exceptions", "BadStatusLine", bad_message)
+    exc = _aiohttp_response_error(bad_status("GARBAGE"))
+    assert resilient.http_status(exc) == 400
+    assert TRANSIENT(exc)
+    assert FAILURE(exc)
+    # A real 400 from raise_for_status (no parser error behind it) is not.
+    assert not TRANSIENT(_aiohttp_response_error(None))
+    assert not FAILURE(_aiohttp_response_error(ValueError("other")))

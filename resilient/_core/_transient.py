@@ -153,6 +153,13 @@ _NO: Final = 0
 _TRANSPORT_ERROR: Final = 1
 _SQL: Final = 2
 _WRAPPER: Final = 3
+_RESPONSE: Final = 4
+"""aiohttp's ClientResponseError: a status error, or the server breaking
+HTTP (status 400 made up by the client, raised from the parser's
+HttpProcessingError)."""
+
+_AIOHTTP_RESPONSE: Final = ("aiohttp", "ClientResponseError")
+_AIOHTTP_PROTOCOL: Final = ("aiohttp", "HttpProcessingError")
 
 
 def _kind(cls: type) -> int:
@@ -167,6 +174,8 @@ def _kind(cls: type) -> int:
         kind = _WRAPPER
     elif keys & _TRANSPORT:
         kind = _SQL if _is_sql_driver(keys) else _TRANSPORT_ERROR
+    elif _AIOHTTP_RESPONSE in keys:
+        kind = _RESPONSE
     elif issubclass(cls, _BUILTIN):
         kind = _TRANSPORT_ERROR
     else:
@@ -228,6 +237,13 @@ def _certificate_failure(exc: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _aiohttp_protocol_error(exc: BaseException) -> bool:
+    """Whether an aiohttp ClientResponseError stands for the server
+    breaking HTTP (raised from the parser's HttpProcessingError)."""
+    cause = exc.__cause__
+    return cause is not None and _AIOHTTP_PROTOCOL in _keys(type(cause))
 
 
 def _request_of(obj: object) -> tuple[str, Any] | None:
@@ -414,12 +430,21 @@ class _Classifier:
             return (
                 code is None or code[:2] == "08" or code in self._sql_codes()
             )
-        if kind == _WRAPPER:
-            reason = getattr(exc, "reason", None)
-            if isinstance(reason, Exception):
-                return self(reason)
+        if kind >= _WRAPPER:
+            inner = self._wrapped(exc, kind)
+            if inner is not None:
+                return inner
         status = http_status(exc)
         return status is not None and status in self.statuses
+
+    def _wrapped(self, exc: Exception, kind: int) -> bool | None:
+        """The verdict on the error *exc* stands for, if it stands for
+        one: the reason of a wrapper, the protocol error behind aiohttp's
+        made-up 400 (transient, as httpx's and requests' are)."""
+        if kind == _WRAPPER:
+            reason = getattr(exc, "reason", None)
+            return self(reason) if isinstance(reason, Exception) else None
+        return True if _aiohttp_protocol_error(exc) else None
 
 
 @final
