@@ -8,11 +8,13 @@ the generator object is made.
 from __future__ import annotations
 
 import inspect
+import pickle
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx
 import pytest
+import requests
 
 import resilient
 import resilient.http
@@ -206,6 +208,96 @@ def test_async_streamed_post_retried_with_one_key(
 
     assert anyio.run(main, backend=anyio_backend) == ["status 200"]
     keys = _keys(server)
+    assert len(keys) == 2
+    assert keys[0] is not None
+    assert keys == [keys[0]] * 2
+
+
+def test_transports_take_the_header_name_the_classifier_reads(
+    server: Server,
+) -> None:
+    """http.md's ``Transient(idempotency_header="X-Request-Id")`` for a
+    server with another header name works with the helpers: the httpx
+    transport and the requests adapter send the key under the name given
+    (before the audit they could only send ``Idempotency-Key``, which
+    such a classifier does not read, so the POST was not retried)."""
+    policy = resilient.Policy(
+        name="audit-header-name",
+        attempts=3,
+        backoff=resilient.Constant(0),
+        retry_on=resilient.Transient(idempotency_header="X-Request-Id"),
+    )
+    client = httpx.Client(
+        transport=resilient.http.IdempotencyKeyTransport(header="X-Request-Id")
+    )
+    session = requests.Session()
+    # Pickled and back, as requests' own pickling of a session does: the
+    # header name survives.
+    adapter = resilient.http.IdempotencyKeyAdapter(header="X-Request-Id")
+    session.mount("http://", pickle.loads(pickle.dumps(adapter)))  # noqa: S301
+
+    @resilient.http.idempotent
+    @policy
+    def with_httpx() -> int:
+        url = server.url + "/script/hx/502,200"
+        return client.post(url).raise_for_status().status_code
+
+    @resilient.http.idempotent
+    @policy
+    def with_requests() -> int:
+        response = session.post(server.url + "/script/rq/502,200", timeout=10)
+        response.raise_for_status()
+        return response.status_code
+
+    assert with_httpx() == 200
+    assert with_requests() == 200
+    sent = [
+        (h.get("X-Request-Id"), h.get("Idempotency-Key"))
+        for _, _, h in server.seen
+    ]
+    assert len(sent) == 4
+    assert all(key is not None and other is None for key, other in sent)
+    assert sent[0] == sent[1] != sent[2] == sent[3]
+    assert resilient.http.needs_key("POST", {}, header="X-Request-Id") is None
+    with resilient.http.idempotency_key("k"):
+        assert resilient.http.needs_key("POST", {"x-request-id": "own"}) == "k"
+        assert (
+            resilient.http.needs_key(
+                "POST", {"X-Request-Id": "own"}, header="X-Request-Id"
+            )
+            is None
+        )
+
+
+def test_async_transport_takes_the_header_name(
+    server: Server, anyio_backend: str
+) -> None:
+    """The async httpx transport too, on asyncio and trio."""
+    policy = resilient.Policy(
+        name="audit-aheader-name",
+        attempts=3,
+        backoff=resilient.Constant(0),
+        retry_on=resilient.Transient(idempotency_header="X-Request-Id"),
+    )
+
+    async def main() -> int:
+        async with httpx.AsyncClient(
+            transport=resilient.http.AsyncIdempotencyKeyTransport(
+                header="X-Request-Id"
+            )
+        ) as client:
+
+            @resilient.http.idempotent
+            @policy
+            async def post() -> int:
+                url = server.url + f"/script/a{anyio_backend}/502,200"
+                response = await client.post(url)
+                return response.raise_for_status().status_code
+
+            return await post()
+
+    assert anyio.run(main, backend=anyio_backend) == 200
+    keys = [h.get("X-Request-Id") for _, _, h in server.seen]
     assert len(keys) == 2
     assert keys[0] is not None
     assert keys == [keys[0]] * 2

@@ -211,16 +211,30 @@ def _async_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
     return stream
 
 
-def needs_key(method: str, headers: Mapping[str, str] | None) -> str | None:
+def needs_key(
+    method: str,
+    headers: Mapping[str, str] | None,
+    *,
+    header: str = _HEADER,
+) -> str | None:
     """
     The key to add to a request with *method* and *headers*: the current
-    key when the method is not idempotent and the request has none.
+    key when the method is not idempotent and the request has none under
+    *header* (``Idempotency-Key`` by default; give the name your server
+    reads, and the same to `resilient.Transient`'s *idempotency_header*).
     """
     if method.upper() in IDEMPOTENT_METHODS:
         return None
     key = _KEY.get()
     if key is None:
         return None
-    if headers is not None and headers.get(_HEADER):
+    if headers is not None and headers.get(header):
         return None
     return key
+
+
+def check_header(header: object) -> str:
+    """*header*, if it is a header name."""
+    if not isinstance(header, str) or not header.strip():
+        raise ConfigTypeError("header", header, "must be a header name")
+    return header
