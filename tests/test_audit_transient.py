@@ -222,3 +222,39 @@ def test_aiohttp_protocol_error_is_transient() -> None:
     # A real 400 from raise_for_status (no parser error behind it) is not.
     assert not TRANSIENT(_aiohttp_response_error(None))
     assert not FAILURE(_aiohttp_response_error(ValueError("other")))
+
+
+def _asyncpg_error(name: str, sqlstate: str, *bases: type) -> Exception:
+    """An asyncpg server error as asyncpg 0.30 shapes it: a subclass of
+    asyncpg.exceptions.PostgresError with its SQLSTATE on the class."""
+    cls = _fake("asyncpg.exceptions", name, *bases)
+    cls.sqlstate = sqlstate  # type: ignore[attr-defined]
+    return cls()
+
+
+@pytest.mark.parametrize(
+    ("name", "sqlstate", "retried", "counted"),
+    [
+        ("SerializationError", "40001", True, False),
+        ("DeadlockDetectedError", "40P01", True, False),
+        ("QueryCanceledError", "57014", True, False),
+        ("AdminShutdownError", "57P01", True, True),
+        ("CannotConnectNowError", "57P03", True, True),
+        ("TooManyConnectionsError", "53300", True, True),
+        ("PostgresSyntaxError", "42601", False, False),
+        ("InvalidCatalogNameError", "3D000", False, False),
+        ("InvalidPasswordError", "28P01", False, False),
+    ],
+)
+def test_asyncpg_server_errors_are_judged_by_sqlstate(
+    name: str, sqlstate: str, retried: bool, counted: bool
+) -> None:
+    """asyncpg's server errors are judged by their SQLSTATE, as psycopg's
+    are: a serialization failure or a statement timeout is retried (before
+    the audit only its connection classes were known, so with asyncpg
+    these were never retried; checked against a real server with asyncpg
+    0.32), a syntax error or a wrong password is not."""
+    postgres_error = _fake("asyncpg.exceptions", "PostgresError")
+    exc = _asyncpg_error(name, sqlstate, postgres_error)
+    assert TRANSIENT(exc) is retried
+    assert FAILURE(exc) is counted

@@ -64,6 +64,8 @@ _TRANSPORT: Final = frozenset(
         ("psycopg2", "OperationalError"),
         ("asyncpg", "PostgresConnectionError"),
         ("asyncpg", "ConnectionDoesNotExistError"),
+        # asyncpg's other server errors: judged by their SQLSTATE alone.
+        ("asyncpg", "PostgresError"),
     }
 )
 
