@@ -69,4 +69,3 @@ def test_any_status_set_round_trips(codes: frozenset[int]) -> None:
         assert back == classifier
         assert back.statuses == codes
     assert len(repr(DependencyFailure(statuses=range(100, 600)))) < 80
-
