@@ -202,6 +202,8 @@ class Call:
             m = self.machine
         rec = self._rec
         attempt = m.attempt
+        if type(exc) is DeadlineExceeded:
+            self._ended_by(exc, attempt)
         decision = m.decide_error(exc, own)
         if (
             quiet
@@ -230,6 +232,27 @@ class Call:
         elif isinstance(step, GiveUp):
             self._gave_up(exc, step)
         return step
+
+    def _ended_by(self, exc: DeadlineExceeded, attempt: int) -> None:
+        """
+        Name the limit of this call whose deadline *exc* is (the policy's
+        attempt timeout or budget, or a deadline around the call) in its
+        message: the error's makers (`timed_out`, `resilient.checkpoint`)
+        know only the time. The innermost policy that owns the limit
+        names it; a deadline around the call, the innermost that saw it.
+        """
+        at = exc.deadline
+        policy = self.policy
+        if self.own_timeout and at == self._at:
+            limit, seconds = "timeout", policy.timeout or 0.0
+        elif at != self._deadline:
+            return
+        elif policy.budget is not None and at == self._start + policy.budget:
+            limit, seconds = "budget", policy.budget
+        else:
+            limit, seconds = "deadline", at - self._start
+        if exc.limit is None or (exc.limit == "deadline" != limit):
+            exc._ended_attempt(policy.name, attempt, limit, seconds)  # noqa: SLF001
 
     def _gave_up(self, exc: BaseException, step: GiveUp) -> None:
         """Record the give-up *step* on *exc*: its notes, telemetry, log."""
