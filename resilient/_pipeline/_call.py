@@ -59,6 +59,7 @@ class Call:
         "_token",
         "clock",
         "guards",
+        "hold",
         "own_timeout",
         "policy",
     )
@@ -90,6 +91,9 @@ class Call:
         self.own_timeout = False
         """Whether the attempt's deadline is the policy's timeout (not the
         call's budget or an enclosing deadline)."""
+        self.hold = False
+        """Whether a failed attempt's deadline stays current until the next
+        attempt (`end_attempt`); the flow sets it."""
         if guards is not None and guards.budget is not None:
             guards.budget.record_call()
 
@@ -125,12 +129,15 @@ class Call:
     def enter_deadline(self) -> None:
         """Make the call's deadline current (admission waits, hooks), and
         its span."""
-        # An asynchronous exception can land between the set and the store
-        # of its token: _LOST says so, and `exit_deadline` then puts the
-        # replaced value back.
-        self._prior = _DEADLINE.get()
-        self._token = _LOST
-        self._token = _DEADLINE.set(self._deadline)
+        if self._token is None:
+            # An asynchronous exception can land between the set and the
+            # store of its token: _LOST says so, and `exit_deadline` then
+            # puts the replaced value back.
+            self._prior = _DEADLINE.get()
+            self._token = _LOST
+            self._token = _DEADLINE.set(self._deadline)
+        # Else held since the last attempt (`end_attempt`): the call's
+        # deadline is current already, and `exit_deadline` ends the hold.
         if self._rec is not None:
             self._rec.enter()
 
@@ -152,6 +159,9 @@ class Call:
         if self.policy.timeout is not None:
             at = self.machine.attempt_deadline()
             self.own_timeout = at < self._deadline
+        elif self._token is not None:
+            # Held since the last attempt (`end_attempt`): current already.
+            return at
         self._at = at
         # `enter_deadline`, inline: one frame less per attempt.
         self._prior = _DEADLINE.get()
@@ -160,13 +170,22 @@ class Call:
         return at
 
     def end_attempt(self, exc: BaseException | None) -> None:
-        """Undo `start_attempt`; end the span, recording *exc*."""
-        # `exit_deadline`, inline: one frame less per attempt.
-        token, self._token = self._token, None
-        if token is _LOST:
-            _DEADLINE.set(self._prior)
-        elif token is not None:
-            _DEADLINE.reset(token)
+        """
+        Undo `start_attempt`; end the span, recording *exc*.
+
+        When the call's `hold` is set (no attempt timeout: every attempt's
+        deadline is the call's), a failed attempt leaves its deadline
+        current for the next (a retry sets and resets no context
+        variable); `exit_deadline` (or `abort`) undoes it on any other way
+        on: a hook, an admission, the fallback, the end of the call.
+        """
+        if exc is None or not self.hold:
+            # `exit_deadline`, inline: one frame less per attempt.
+            token, self._token = self._token, None
+            if token is _LOST:
+                _DEADLINE.set(self._prior)
+            elif token is not None:
+                _DEADLINE.reset(token)
         if self._rec is not None:
             self._rec.attempt_ended(exc)
 

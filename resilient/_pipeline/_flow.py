@@ -73,6 +73,10 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
     # No hook and no block to hand a retry to: the call may decide it
     # without its record (`Call.failed`), and a retry is then its delay.
     quiet = not block and call.policy.before_sleep is None
+    # No attempt timeout: every attempt's deadline is the call's, held
+    # current from a failed attempt to the next (`Call.end_attempt`). Not
+    # in the block form, whose caller's code runs between attempts.
+    call.hold = not block and call.policy.timeout is None
     tickets: list[object] | None = None
     # The last decision: a Retry, a give-up, or a quiet retry's delay.
     step: Retry | GiveUp | float | None = None

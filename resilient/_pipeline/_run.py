@@ -43,6 +43,8 @@ _DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
 _monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
 _get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
+_UNSET: Final = object()
+"""`adrive`'s *base* not looked up yet."""
 
 
 def bare_ok(policy: RetrySettings) -> bool:
@@ -133,8 +135,15 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
     sent: Any = None,
     op: int = 0,
     arg: Any = None,
+    base: Any = _UNSET,
 ) -> Any:
-    """The async driver: run *gen* to its end (see `drive`)."""
+    """
+    The async driver: run *gen* to its end (see `drive`). *base*, from
+    `trio_base` (None on asyncio), is the task's place in trio's cancel
+    tree where the attempts start: the same for every attempt of the call
+    (the driver enters no cancel scope around them), so looked up once,
+    at the first attempt (or by `call_async`, before the bare one).
+    """
     try:
         # Inside the try: CPython 3.11 raises an exception that lands at
         # the loop's back edge at the instruction before the loop's start.
@@ -165,11 +174,12 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
                         sent = (None, await coro)
                         continue
                     if type(coro) is _Coroutine:
-                        base = (
-                            None
-                            if _get_running_loop() is not None
-                            else trio_base()
-                        )
+                        if base is _UNSET:
+                            base = (
+                                None
+                                if _get_running_loop() is not None
+                                else trio_base()
+                            )
                         if base is not EAGER:
                             # The deadline armed only if the attempt
                             # suspends (`resilient._pipeline._lazy`).
@@ -269,12 +279,17 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
                 if not isinstance(failed, Exception):
                     raise failed
                 call = Call(policy, guards, start, outer)
-                return drive(call, flow(call, failed), fn, args, kwargs)
+                # The flow holds the error from here: dropped here, as a
+                # frame that keeps it would be kept by its traceback (a
+                # cycle, left to the garbage collector, in every call that
+                # retries).
+                gen, failed = flow(call, failed), None
+                return drive(call, gen, fn, args, kwargs)
     call = Call(policy, guards)
     return drive(call, flow(call), fn, args, kwargs)
 
 
-async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, inline for speed
+async def call_async(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the bare first attempt, inline for speed
     policy: RetrySettings,
     guards: Guards | None,
     fn: Callable[..., Any],
@@ -310,15 +325,82 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                     call = Call(policy, None, start, outer)
                     gen = flow(call, exc)
                 return await adrive(call, gen, fn, args, kwargs)
+            if bare is None:
+                # No guards, a deadline (the budget's, or an enclosing
+                # one): the general case below, without its tickets.
+                token = coro = None
+                base: Any = _UNSET
+                failed: BaseException | None = None
+                try:
+                    try:
+                        token = _DEADLINE.set(at)
+                        coro = fn(*args, **kwargs)
+                        if (
+                            type(coro) is _Coroutine
+                            and (
+                                base := (
+                                    None
+                                    if _get_running_loop() is not None
+                                    else trio_base()
+                                )
+                            )
+                            is not EAGER
+                        ):
+                            try:
+                                trap = coro.send(None)
+                            except BaseException as ended:  # noqa: BLE001 - settled first
+                                if type(ended) is StopIteration:
+                                    result = ended.value
+                                else:
+                                    if coro.cr_frame is not None:
+                                        abandon_attempt(
+                                            coro, ended
+                                        )  # pragma: no cover - landed
+                                    failed = ended
+                            else:
+                                failed, result = await suspended(
+                                    coro, trap, at, clock, base
+                                )
+                        else:
+                            failed, result = await armed_attempt(
+                                coro, at, clock
+                            )
+                    except BaseException as exc:  # noqa: BLE001 - settled first
+                        if (
+                            type(coro) is _Coroutine
+                            and coro.cr_frame is not None
+                        ):
+                            abandon_attempt(coro, exc)  # pragma: no cover
+                        failed = exc
+                    finally:
+                        if token is not None:
+                            _DEADLINE.reset(token)
+                        else:
+                            _DEADLINE.set(outer)  # Lost: see call_sync.
+                except BaseException:
+                    if _DEADLINE.get() != outer:
+                        _DEADLINE.set(outer)  # pragma: no cover - landed
+                    raise
+                if failed is None:
+                    return result
+                if not isinstance(failed, Exception):
+                    raise failed
+                call = Call(policy, None, start, outer)
+                # The flow holds the error from here: dropped here, as a
+                # frame that keeps it would be kept by its traceback (a
+                # cycle, left to the garbage collector, in every call that
+                # retries).
+                gen, failed = flow(call, failed), None
+                return await adrive(call, gen, fn, args, kwargs, base=base)
+            # Guards that admit at once (`Guards.bare`).
             token = ticket = None
-            failed: BaseException | None = None
+            failed = None
             try:
                 try:
                     # The admission inside the ``try``: its ticket settled
                     # on every way out.
-                    if bare is not None:
-                        ticket = bare.fast_admit()
-                    if bare is None or ticket is not None:
+                    ticket = bare.fast_admit()
+                    if ticket is not None:
                         token = _DEADLINE.set(at)
                         coro = None
                         try:
@@ -369,10 +451,10 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                 finally:
                     if token is not None:
                         _DEADLINE.reset(token)
-                    elif bare is None or ticket is not None:
+                    elif ticket is not None:
                         _DEADLINE.set(outer)  # Lost: see call_sync.
                 if ticket is not None:
-                    await bare.afast_settle(ticket, failed)  # type: ignore[union-attr]
+                    await bare.afast_settle(ticket, failed)
             except BaseException:
                 # The admission's own error, one raised by the settle, or
                 # one that landed here: whatever the ticket still holds is
@@ -381,17 +463,18 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                 # deadline put back by value if the ``finally`` was cut
                 # short.
                 if ticket is not None:
-                    bare.fast_drop(ticket)  # type: ignore[union-attr]
+                    bare.fast_drop(ticket)
                 if _DEADLINE.get() != outer:
                     _DEADLINE.set(outer)  # pragma: no cover - landed
                 raise
-            if bare is None or ticket is not None:
+            if ticket is not None:
                 if failed is None:
                     return result
                 if not isinstance(failed, Exception):
                     raise failed
                 call = Call(policy, guards, start, outer)
-                return await adrive(call, flow(call, failed), fn, args, kwargs)
+                gen, failed = flow(call, failed), None  # See call_sync.
+                return await adrive(call, gen, fn, args, kwargs)
     call = Call(policy, guards)
     return await adrive(call, flow(call), fn, args, kwargs)
 
