@@ -541,6 +541,7 @@ class TestZeroDelay:
         sleeps: list[float] = []
         checkpoints: list[int] = []
         real_checkpoint = _run.checkpoint
+        real_yield_now = _run.yield_now
 
         async def sleep(seconds: float) -> None:
             sleeps.append(seconds)
@@ -549,9 +550,15 @@ class TestZeroDelay:
             checkpoints.append(1)
             await real_checkpoint()
 
+        async def yield_now() -> None:
+            checkpoints.append(1)
+            await real_yield_now()
+
         monkeypatch.setattr(anyio, "sleep", sleep)
-        # The drivers' own checkpoint (asyncio's or trio's, directly).
+        # The drivers' own checkpoint (asyncio's or trio's, directly; on
+        # asyncio the async driver yields to the loop itself).
         monkeypatch.setattr(_run, "checkpoint", checkpoint)
+        monkeypatch.setattr(_run, "yield_now", yield_now)
         calls: list[int] = []
 
         async def body() -> str:

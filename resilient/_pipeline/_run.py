@@ -27,7 +27,12 @@ from resilient._pipeline._effects import abandon, aperform, perform
 from resilient._pipeline._flow import RUN, SLEEP, flow
 from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
 from resilient._retry._machine import WrongShell
-from resilient._timeout._watchdog import EAGER, checkpoint, trio_base
+from resilient._timeout._watchdog import (
+    EAGER,
+    checkpoint,
+    trio_base,
+    yield_now,
+)
 
 
 if TYPE_CHECKING:
@@ -148,6 +153,10 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
         # Inside the try: CPython 3.11 raises an exception that lands at
         # the loop's back edge at the instruction before the loop's start.
         thrown: BaseException | None = None
+        # The event loop, for the whole call: asyncio's, or none (trio).
+        aio = _get_running_loop() is not None
+        if aio:
+            base = None
         while True:
             try:
                 if thrown is None:
@@ -158,9 +167,10 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
             except StopIteration as stop:
                 return stop.value
             if op == SLEEP and arg[0] <= 0:
-                # A zero wait, inline: a checkpoint, and no aperform frame.
+                # A zero wait, inline: a checkpoint (on asyncio, a bare
+                # yield to the loop), and no aperform frame.
                 try:
-                    await checkpoint()
+                    await (yield_now() if aio else checkpoint())
                 except BaseException as exc:  # noqa: BLE001 - the flow decides
                     thrown = exc
                 else:
@@ -175,11 +185,7 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
                         continue
                     if type(coro) is _Coroutine:
                         if base is _UNSET:
-                            base = (
-                                None
-                                if _get_running_loop() is not None
-                                else trio_base()
-                            )
+                            base = trio_base()
                         if base is not EAGER:
                             # The deadline armed only if the attempt
                             # suspends (`resilient._pipeline._lazy`).
