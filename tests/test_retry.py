@@ -21,6 +21,7 @@ import resilient
 import resilient.testing
 from resilient import Constant, Policy
 from resilient._pipeline import _run
+from resilient._timeout import _watchdog
 from tests.conftest import Driver
 
 
@@ -540,7 +541,7 @@ class TestZeroDelay:
         """A zero delay in async code is one checkpoint and no sleep."""
         sleeps: list[float] = []
         checkpoints: list[int] = []
-        real_checkpoint = _run.checkpoint
+        real_checkpoint = _watchdog.checkpoint
         real_yield_now = _run.yield_now
 
         async def sleep(seconds: float) -> None:
@@ -555,9 +556,9 @@ class TestZeroDelay:
             await real_yield_now()
 
         monkeypatch.setattr(anyio, "sleep", sleep)
-        # The drivers' own checkpoint (asyncio's or trio's, directly; on
-        # asyncio the async driver yields to the loop itself).
-        monkeypatch.setattr(_run, "checkpoint", checkpoint)
+        # The async driver's own checkpoint: a yield to asyncio's loop, or
+        # trio's checkpoint, directly.
+        monkeypatch.setattr(_run, "trio_checkpoint", lambda: checkpoint)
         monkeypatch.setattr(_run, "yield_now", yield_now)
         calls: list[int] = []
 

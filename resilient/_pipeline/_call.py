@@ -169,7 +169,7 @@ class Call:
         self._token = _DEADLINE.set(at)
         return at
 
-    def end_attempt(self, exc: BaseException | None) -> None:
+    def end_attempt(self, exc: BaseException | None) -> bool:
         """
         Undo `start_attempt`; end the span, recording *exc*.
 
@@ -178,7 +178,10 @@ class Call:
         current for the next (a retry sets and resets no context
         variable); `exit_deadline` (or `abort`) undoes it on any other way
         on: a hook, an admission, the fallback, the end of the call.
+        True when it is held and there are no spans: the next attempt,
+        straight after, needs no `start_attempt`.
         """
+        rec = self._rec
         if exc is None or not self.hold:
             # `exit_deadline`, inline: one frame less per attempt.
             token, self._token = self._token, None
@@ -186,8 +189,12 @@ class Call:
                 _DEADLINE.set(self._prior)
             elif token is not None:
                 _DEADLINE.reset(token)
-        if self._rec is not None:
-            self._rec.attempt_ended(exc)
+            if rec is None:
+                return False
+        elif rec is None:
+            return True
+        rec.attempt_ended(exc)
+        return False
 
     @overload
     def failed(

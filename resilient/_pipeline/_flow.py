@@ -83,6 +83,10 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
     error: BaseException | None = None
     cause: BaseException | None = None
     value: Any = None
+    # The deadline held from a failed attempt, with no span to open: the
+    # next attempt needs no `Call.start_attempt`, and runs under *at*.
+    held = False
+    at = 0.0
     try:
         if failed is not None:
             step = call.failed(failed, quiet)
@@ -96,6 +100,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                     # A quiet retry: its delay, and the error it retries.
                     yield SLEEP, (step, cause)
                 else:
+                    held = False  # A hook would end the hold.
                     if block:
                         yield NEXT, step
                     wait: float | GiveUp = step.delay
@@ -115,6 +120,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 # `break` alive until the garbage collector runs).
                 step = error = cause = value = failed = None
             if admits:
+                held = False  # The admission ends the hold.
                 call.enter_deadline()
                 try:
                     tickets = yield ADMIT, guards
@@ -129,9 +135,10 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 call.exit_deadline()
             if block:
                 yield READY, None
-            at = call.start_attempt()
+            if not held:
+                at = call.start_attempt()
             error, value = yield RUN, at
-            call.end_attempt(error)
+            held = call.end_attempt(error)
             if tickets is not None:
                 taken, tickets = tickets, None
                 yield SETTLE, (taken, error, call.own_timeout)

@@ -29,14 +29,14 @@ from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
 from resilient._retry._machine import WrongShell
 from resilient._timeout._watchdog import (
     EAGER,
-    checkpoint,
     trio_base,
+    trio_checkpoint,
     yield_now,
 )
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._flow import Flow
@@ -154,9 +154,14 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
         # the loop's back edge at the instruction before the loop's start.
         thrown: BaseException | None = None
         # The event loop, for the whole call: asyncio's, or none (trio).
-        aio = _get_running_loop() is not None
-        if aio:
+        # A zero wait is a checkpoint: on asyncio a bare yield to the loop,
+        # on trio trio's own (no checkpoint frame of ours).
+        pause: Callable[[], Awaitable[None]]
+        if _get_running_loop() is not None:
             base = None
+            pause = yield_now
+        else:
+            pause = trio_checkpoint()
         while True:
             try:
                 if thrown is None:
@@ -167,10 +172,9 @@ async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coro
             except StopIteration as stop:
                 return stop.value
             if op == SLEEP and arg[0] <= 0:
-                # A zero wait, inline: a checkpoint (on asyncio, a bare
-                # yield to the loop), and no aperform frame.
+                # A zero wait, inline: a checkpoint, and no aperform frame.
                 try:
-                    await (yield_now() if aio else checkpoint())
+                    await pause()
                 except BaseException as exc:  # noqa: BLE001 - the flow decides
                     thrown = exc
                 else:

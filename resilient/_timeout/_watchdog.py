@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Generator
+    from collections.abc import Awaitable, Callable, Generator
     from types import TracebackType
 
 
@@ -334,6 +334,12 @@ def checkpoint() -> Awaitable[None]:
     if _get_running_loop() is not None:
         return yield_now()
     return (_trio_checkpoint or _import_trio().lowlevel.checkpoint)()  # type: ignore[no-any-return]
+
+
+def trio_checkpoint() -> Callable[[], Awaitable[None]]:
+    """trio's ``checkpoint`` function itself (trio imported on first
+    use), for a driver that makes many in one call."""
+    return _trio_checkpoint or _import_trio().lowlevel.checkpoint  # type: ignore[no-any-return]
 
 
 @types.coroutine
