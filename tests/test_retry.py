@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import resilient
 import resilient.testing
 from resilient import Constant, Policy
-from resilient._pipeline import _run
+from resilient._pipeline import _drive
 from resilient._timeout import _watchdog
 from tests.conftest import Driver
 
@@ -542,7 +542,7 @@ class TestZeroDelay:
         sleeps: list[float] = []
         checkpoints: list[int] = []
         real_checkpoint = _watchdog.checkpoint
-        real_yield_now = _run.yield_now
+        real_yield_now = _drive.yield_now
 
         async def sleep(seconds: float) -> None:
             sleeps.append(seconds)
@@ -558,8 +558,8 @@ class TestZeroDelay:
         monkeypatch.setattr(anyio, "sleep", sleep)
         # The async driver's own checkpoint: a yield to asyncio's loop, or
         # trio's checkpoint, directly.
-        monkeypatch.setattr(_run, "trio_checkpoint", lambda: checkpoint)
-        monkeypatch.setattr(_run, "yield_now", yield_now)
+        monkeypatch.setattr(_drive, "trio_checkpoint", lambda: checkpoint)
+        monkeypatch.setattr(_drive, "yield_now", yield_now)
         calls: list[int] = []
 
         async def body() -> str:

@@ -79,8 +79,11 @@ class Call:
         self._start = start
         self._outer = outer
         budget = policy.budget
+        # min(outer, start + budget), without the call.
         self._deadline = (
-            outer if budget is None else min(outer, start + budget)
+            outer
+            if budget is None or outer <= start + budget
+            else start + budget
         )
         self._machine: RetryMachine | None = None
         self._rec: CallRecorder | None = recorder(policy.name)

@@ -19,6 +19,9 @@ each effect gave; an exception the effect raised is thrown in instead:
 - ``RUN, at``: run the attempt (async: cancelled at *at*, then raise
   `DeadlineExceeded`); send ``(None, value)`` or ``(exception, None)``,
   never throw.
+- ``PAUSE_RUN, at`` (a flow made with *fuse*, for the decorator drivers
+  only): a zero wait, then the attempt: as ``SLEEP, (0, ...)`` then
+  ``RUN, at``, in one effect (an exception of the wait is thrown in).
 - ``SETTLE, (tickets, exc, own_timeout)``: ``guards.settle(...)`` or, in
   async code and unless *exc* is a cancellation, ``await
   guards.asettle(...)``; send None.
@@ -62,14 +65,23 @@ RUN: Final = 4
 SETTLE: Final = 5
 NEXT: Final = 6
 FALLBACK: Final = 7
+PAUSE_RUN: Final = 8
 
 
 def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
-    call: Call, failed: BaseException | None = None, *, block: bool = False
+    call: Call,
+    failed: BaseException | None = None,
+    *,
+    block: bool = False,
+    fuse: bool = False,
 ) -> Flow:
     """The flow of *call*; see the module's docstring."""
     guards = call.guards
     admits = guards is not None and bool(guards.stages)
+    # A zero wait and the attempt after it as one effect (PAUSE_RUN), when
+    # nothing comes between them (no admission, no block step).
+    fuse = fuse and not admits and not block
+    run = RUN
     # No hook and no block to hand a retry to: the call may decide it
     # without its record (`Call.failed`), and a retry is then its delay.
     quiet = not block and call.policy.before_sleep is None
@@ -98,7 +110,10 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
             if step is not None:
                 if not isinstance(step, Retry):
                     # A quiet retry: its delay, and the error it retries.
-                    yield SLEEP, (step, cause)
+                    if fuse and step <= 0:  # type: ignore[operator] # a float: a give-up ended the call
+                        run = PAUSE_RUN  # The wait goes with the attempt.
+                    else:
+                        yield SLEEP, (step, cause)
                 else:
                     held = False  # A hook would end the hold.
                     if block:
@@ -137,7 +152,8 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 yield READY, None
             if not held:
                 at = call.start_attempt()
-            error, value = yield RUN, at
+            error, value = yield run, at
+            run = RUN
             held = call.end_attempt(error)
             if tickets is not None:
                 taken, tickets = tickets, None

@@ -1,6 +1,6 @@
 """
-The decorator drivers of the flow, sync and async, with the bare first
-attempt in front of them.
+The decorator shells: the bare first attempt in front of the flow's drivers
+(`resilient._pipeline._drive`).
 
 Most calls succeed at once: a first attempt with no attempt timeout, no
 result predicate and no telemetry runs bare, with only the call's deadline
@@ -23,23 +23,16 @@ from typing import TYPE_CHECKING, Any, Final
 from resilient._core import _clock, _registry
 from resilient._core._telemetry import disabled
 from resilient._pipeline._call import Call
-from resilient._pipeline._effects import abandon, aperform, perform
-from resilient._pipeline._flow import RUN, SLEEP, flow
+from resilient._pipeline._drive import UNSET, adrive, drive, wrong_shell
+from resilient._pipeline._flow import flow
 from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
-from resilient._retry._machine import WrongShell
-from resilient._timeout._watchdog import (
-    EAGER,
-    trio_base,
-    trio_checkpoint,
-    yield_now,
-)
+from resilient._timeout._watchdog import EAGER, trio_base
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
 
     from resilient._core._settings import RetrySettings
-    from resilient._pipeline._flow import Flow
     from resilient._pipeline._guards import Guards
 
 
@@ -48,8 +41,8 @@ _DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
 _monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
 _get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
-_UNSET: Final = object()
-"""`adrive`'s *base* not looked up yet."""
+_INF: Final = math.inf
+_UNSET: Final = UNSET
 
 
 def bare_ok(policy: RetrySettings) -> bool:
@@ -63,168 +56,6 @@ def bare_ok(policy: RetrySettings) -> bool:
         and policy.retry_if_result is None
         and disabled()
     )
-
-
-def _wrong_shell(fn: object, result: Any) -> WrongShell:
-    result.close()
-    return WrongShell(
-        f"{fn!r} is sync but returned a coroutine: declare it `async def` "
-        "to retry it from async code, or use `await policy.acall(fn)`"
-    )
-
-
-# The effects both decorator drivers and the block form carry out the same
-# way, one colour each.
-
-
-def drive(  # noqa: C901 - the zero wait and the attempt inline: one frame less each
-    call: Call,
-    gen: Flow,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    sent: Any = None,
-    op: int = 0,
-    arg: Any = None,
-) -> Any:
-    """
-    The sync driver: run *gen* to its end. (*sent*, *op* and *arg*, the
-    loop's state, are parameters so that they are bound before the first line,
-    where an exception could land before the handler could read them.)
-    """
-    try:
-        # Inside the try: CPython 3.11 raises an exception that lands at
-        # the loop's back edge at the instruction before the loop's start.
-        thrown: BaseException | None = None
-        while True:
-            try:
-                if thrown is None:
-                    op, arg = gen.send(sent)
-                else:
-                    op, arg = gen.throw(thrown)
-                    thrown = None
-            except StopIteration as stop:
-                return stop.value
-            if op == SLEEP and arg[0] <= 0:
-                # A zero wait, inline: nothing to do (`perform` would do
-                # nothing either), and no perform frame.
-                sent = None
-                continue
-            if op == RUN:
-                try:
-                    result = fn(*args, **kwargs)
-                    if type(result) is _Coroutine:
-                        raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    sent = (exc, None)
-                else:
-                    sent = (None, result)
-                continue
-            try:
-                sent = perform(call, op, arg)
-            except BaseException as exc:  # noqa: BLE001 - the flow decides
-                thrown = exc
-    except BaseException as exc:
-        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
-        raise
-
-
-async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coroutine frame less
-    call: Call,
-    gen: Flow,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    sent: Any = None,
-    op: int = 0,
-    arg: Any = None,
-    base: Any = _UNSET,
-) -> Any:
-    """
-    The async driver: run *gen* to its end (see `drive`). *base*, from
-    `trio_base` (None on asyncio), is the task's place in trio's cancel
-    tree where the attempts start: the same for every attempt of the call
-    (the driver enters no cancel scope around them), so looked up once,
-    at the first attempt (or by `call_async`, before the bare one).
-    """
-    try:
-        # Inside the try: CPython 3.11 raises an exception that lands at
-        # the loop's back edge at the instruction before the loop's start.
-        thrown: BaseException | None = None
-        # The event loop, for the whole call: asyncio's, or none (trio).
-        # A zero wait is a checkpoint: on asyncio a bare yield to the loop,
-        # on trio trio's own (no checkpoint frame of ours).
-        pause: Callable[[], Awaitable[None]]
-        if _get_running_loop() is not None:
-            base = None
-            pause = yield_now
-        else:
-            pause = trio_checkpoint()
-        while True:
-            try:
-                if thrown is None:
-                    op, arg = gen.send(sent)
-                else:
-                    op, arg = gen.throw(thrown)
-                    thrown = None
-            except StopIteration as stop:
-                return stop.value
-            if op == SLEEP and arg[0] <= 0:
-                # A zero wait, inline: a checkpoint, and no aperform frame.
-                try:
-                    await pause()
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    thrown = exc
-                else:
-                    sent = None
-                continue
-            if op == RUN:
-                coro = None
-                try:
-                    coro = fn(*args, **kwargs)
-                    if arg == math.inf:  # No deadline: nothing to arm.
-                        sent = (None, await coro)
-                        continue
-                    if type(coro) is _Coroutine:
-                        if base is _UNSET:
-                            base = trio_base()
-                        if base is not EAGER:
-                            # The deadline armed only if the attempt
-                            # suspends (`resilient._pipeline._lazy`).
-                            try:
-                                trap = coro.send(None)
-                            except BaseException as ended:  # noqa: BLE001 - the flow decides
-                                # Returned or raised, in one handler: a
-                                # failure does not pass through an
-                                # ``except StopIteration`` and its re-raise.
-                                if type(ended) is StopIteration:
-                                    sent = (None, ended.value)
-                                else:
-                                    if coro.cr_frame is not None:
-                                        abandon_attempt(
-                                            coro, ended
-                                        )  # pragma: no cover - landed
-                                    sent = (ended, None)
-                                continue
-                            sent = await suspended(
-                                coro, trap, arg, call.clock, base
-                            )
-                            continue
-                    sent = await armed_attempt(coro, arg, call.clock)
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    if type(coro) is _Coroutine and coro.cr_frame is not None:
-                        abandon_attempt(coro, exc)  # pragma: no cover - landed
-                    sent = (exc, None)
-                continue
-            try:
-                sent = await aperform(call, op, arg)
-            except BaseException as exc:  # noqa: BLE001 - the flow decides
-                thrown = exc
-    except BaseException as exc:
-        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
-        raise
 
 
 def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
@@ -261,7 +92,7 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
                         try:
                             result = fn(*args, **kwargs)
                             if type(result) is _Coroutine:
-                                raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
+                                raise wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
                         except BaseException as exc:  # noqa: BLE001 - settled first
                             failed: BaseException | None = exc
                         else:
@@ -293,10 +124,10 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
                 # frame that keeps it would be kept by its traceback (a
                 # cycle, left to the garbage collector, in every call that
                 # retries).
-                gen, failed = flow(call, failed), None
+                gen, failed = flow(call, failed, fuse=True), None
                 return drive(call, gen, fn, args, kwargs)
     call = Call(policy, guards)
-    return drive(call, flow(call), fn, args, kwargs)
+    return drive(call, flow(call, fuse=True), fn, args, kwargs)
 
 
 async def call_async(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the bare first attempt, inline for speed
@@ -327,13 +158,13 @@ async def call_async(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the bare first 
             budget = policy.budget
             if budget is not None and start + budget < outer:
                 at = start + budget
-            if at == math.inf and bare is None:
+            if at == _INF and bare is None:
                 # No deadline: nothing to arm.
                 try:
                     return await fn(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - the flow decides
                     call = Call(policy, None, start, outer)
-                    gen = flow(call, exc)
+                    gen = flow(call, exc, fuse=True)
                 return await adrive(call, gen, fn, args, kwargs)
             if bare is None:
                 # No guards, a deadline (the budget's, or an enclosing
@@ -400,7 +231,7 @@ async def call_async(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the bare first 
                 # frame that keeps it would be kept by its traceback (a
                 # cycle, left to the garbage collector, in every call that
                 # retries).
-                gen, failed = flow(call, failed), None
+                gen, failed = flow(call, failed, fuse=True), None
                 return await adrive(call, gen, fn, args, kwargs, base=base)
             # Guards that admit at once (`Guards.bare`).
             token = ticket = None
@@ -415,7 +246,7 @@ async def call_async(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the bare first 
                         coro = None
                         try:
                             coro = fn(*args, **kwargs)
-                            if at == math.inf:  # No deadline: none to arm.
+                            if at == _INF:  # No deadline: none to arm.
                                 result = await coro
                             elif (
                                 type(coro) is _Coroutine
@@ -483,10 +314,13 @@ async def call_async(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the bare first 
                 if not isinstance(failed, Exception):
                     raise failed
                 call = Call(policy, guards, start, outer)
-                gen, failed = flow(call, failed), None  # See call_sync.
+                gen, failed = (
+                    flow(call, failed, fuse=True),
+                    None,
+                )  # See call_sync.
                 return await adrive(call, gen, fn, args, kwargs)
     call = Call(policy, guards)
-    return await adrive(call, flow(call), fn, args, kwargs)
+    return await adrive(call, flow(call, fuse=True), fn, args, kwargs)
 
 
 def shells(
