@@ -12,18 +12,25 @@ freed by reference counting, with the garbage collector off).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import logging
 import math
+import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import resilient
 from resilient._core._config_bulkhead import BulkheadConfig
+from resilient._pipeline import _drive, _flow, _lazy, _run
+from resilient._pipeline._call import Call
+from resilient._timeout import _watchdog
+from tests.inject import Landed, at_line
 
 
 if TYPE_CHECKING:
@@ -71,7 +78,7 @@ def no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _run(colour: str, fn: Callable[[], Any]) -> Any:
+def _call(colour: str, fn: Callable[[], Any]) -> Any:
     """Call *fn* (a decorated target) in *colour*: sync, asyncio or trio."""
     if colour == "sync":
         return fn()
@@ -120,7 +127,7 @@ def test_a_retried_call_leaves_no_cycle(
         return 1
 
     fn = _target(colour, _policy(**GUARDS[guards]), body)
-    assert _run(colour, fn) == 1
+    assert _call(colour, fn) == 1
     assert len(errors) == 3
     assert [ref() for ref in errors] == [None, None, None]
 
@@ -156,7 +163,7 @@ def test_each_attempt_and_hook_sees_the_calls_deadline(
         **GUARDS[guards],
     )
     fn = _target(colour, policy, body)
-    assert _run(colour, fn) == 7
+    assert _call(colour, fn) == 7
     at = 30.0
     assert seen == [
         ("attempt", at),
@@ -190,12 +197,151 @@ def test_a_retry_hook_and_the_next_attempt_see_the_calls_deadline(
 
     policy = _policy(attempts=2, budget=30.0, before_sleep=before_sleep)
     fn = _target(colour, policy, body)
-    assert _run(colour, fn) == 1
+    assert _call(colour, fn) == 1
     at = 30.0
     assert seen == [("attempt", at), ("hook", at), ("attempt", at)]
     assert resilient.remaining() == math.inf
     seen.clear()
     with pytest.raises(ValueError):
-        _run(colour, fn)
+        _call(colour, fn)
     assert seen == [("attempt", at), ("hook", at), ("attempt", at)]
     assert resilient.remaining() == math.inf
+
+
+def _cancel_state(backend: str) -> object:
+    """The task's pending cancellations (asyncio), or its cancel status
+    (trio): what a call must leave as it found."""
+    if backend == "asyncio":
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+    import trio
+
+    return trio.lowlevel.current_task()._cancel_status
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_an_exception_at_each_line_of_the_unguarded_retry_path(
+    backend: str,
+) -> None:
+    """
+    An exception landing at each line in turn of the path a policy with no
+    guards takes (the shell's bare first attempt under the budget, the
+    driver's fused wait and attempt, the flow holding the deadline between
+    attempts, the forwarder of an attempt that suspends) ends the call with
+    it or lets it finish, and every time leaves no deadline current,
+    nothing armed, no cancellation pending, and the attempt's coroutine,
+    if it began to wait, closed.
+    """
+    policy = _policy(attempts=4, budget=30.0)
+    calls: list[int] = []
+    waits: list[str] = []
+
+    @resilient.retry(policy)
+    async def body() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ValueError
+        waits.append("begun")
+        try:
+            for _ in range(2):
+                await anyio.sleep(0.001)
+        finally:
+            waits.append("ended")
+        return "ok"
+
+    functions = [
+        _run.call_async,
+        _drive.adrive,
+        _flow.flow,
+        _lazy.suspended,
+        Call.start_attempt,
+        Call.end_attempt,
+        Call.exit_deadline,
+    ]
+
+    async def main() -> int:
+        n = 0
+        while True:
+            n += 1
+            calls.clear()
+            waits.clear()
+            before = _cancel_state(backend)
+            count = itertools.count(1)
+
+            def nth(
+                frame: types.FrameType,
+                n: int = n,
+                count: itertools.count[int] = count,
+            ) -> bool:
+                return next(count) == n
+
+            kept: list[BaseException] = []  # Alive: nothing may rely on GC.
+            try:
+                with at_line(functions, nth) as tracer:
+                    assert await body() == "ok"
+            except Landed as exc:
+                kept.append(exc)
+            assert waits.count("begun") == waits.count("ended"), (
+                n,
+                tracer.frames,
+            )
+            assert resilient.remaining() == math.inf, (n, tracer.frames)
+            assert _cancel_state(backend) == before, (n, tracer.frames)
+            await anyio.lowlevel.checkpoint()
+            if backend == "asyncio":
+                dog = _watchdog._DOGS.get(asyncio.get_running_loop())
+                heap = [] if dog is None else dog.heap
+                assert all(e[_watchdog.TASK] is None for e in heap), n
+            if not tracer.fired:
+                return n
+
+    assert anyio.run(main, backend=backend) > 80
+
+
+def test_an_exception_at_each_line_of_the_unguarded_sync_path() -> None:
+    """The sync twin: an exception at each line in turn of `call_sync`,
+    `drive`, the flow and the deadline's hold (a first attempt and a retry
+    that fail, a third that succeeds, no guards) leaves no deadline
+    current."""
+    policy = _policy(attempts=4, budget=30.0)
+    calls: list[int] = []
+
+    @resilient.retry(policy)
+    def body() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ValueError
+        return "ok"
+
+    functions = [
+        _run.call_sync,
+        _drive.drive,
+        _flow.flow,
+        Call.start_attempt,
+        Call.end_attempt,
+        Call.exit_deadline,
+    ]
+    n = 0
+    while True:
+        n += 1
+        calls.clear()
+        count = itertools.count(1)
+
+        def nth(
+            frame: types.FrameType,
+            n: int = n,
+            count: itertools.count[int] = count,
+        ) -> bool:
+            return next(count) == n
+
+        kept: list[BaseException] = []  # Alive: nothing may rely on GC.
+        try:
+            with at_line(functions, nth) as tracer:
+                assert body() == "ok"
+        except Landed as exc:
+            kept.append(exc)
+        assert resilient.remaining() == math.inf, (n, tracer.frames)
+        if not tracer.fired:
+            break
+    assert n > 40

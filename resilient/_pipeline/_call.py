@@ -146,11 +146,12 @@ class Call:
 
     def exit_deadline(self) -> None:
         """Undo `enter_deadline` or `start_attempt` (idempotent)."""
-        token, self._token = self._token, None
-        if token is _LOST:
-            _DEADLINE.set(self._prior)
-        elif token is not None:
-            _DEADLINE.reset(token)
+        token = self._token
+        if token is not None:
+            _restore(token, self._prior)
+            # Dropped only once undone: an exception landing before this
+            # line leaves it for `abort` to undo (`_restore` twice).
+            self._token = None
         if self._rec is not None:
             self._rec.exit()
 
@@ -187,11 +188,10 @@ class Call:
         rec = self._rec
         if exc is None or not self.hold:
             # `exit_deadline`, inline: one frame less per attempt.
-            token, self._token = self._token, None
-            if token is _LOST:
-                _DEADLINE.set(self._prior)
-            elif token is not None:
-                _DEADLINE.reset(token)
+            token = self._token
+            if token is not None:
+                _restore(token, self._prior)
+                self._token = None
             if rec is None:
                 return False
         elif rec is None:
@@ -335,6 +335,22 @@ class Call:
         if at == math.inf:
             return NO_SCOPE
         return AttemptDeadline(at - self.clock.now())
+
+
+def _restore(token: Any, prior: float) -> None:
+    """
+    Undo the deadline set with *token* (or `_LOST`: put *prior* back by
+    value). Twice is harmless: a token reset already (an exception landed
+    before its holder dropped it, and the way out undoes it again) is
+    left as it is.
+    """
+    if token is _LOST:
+        _DEADLINE.set(prior)
+        return
+    try:  # noqa: SIM105 - no context manager's frame on every attempt
+        _DEADLINE.reset(token)
+    except RuntimeError:  # pragma: no cover - landed: used once already
+        pass
 
 
 def _note_once(exc: BaseException, text: str) -> None:
