@@ -5,14 +5,17 @@ callgrind (load independent, unlike the timed script).
 
 Usage::
 
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null \\
+    PYTHONHASHSEED=0 valgrind --tool=callgrind \\
+        --callgrind-out-file=/dev/null \\
         python benchmarks/count_retry.py BACKEND POLICY N
 
 BACKEND is ``asyncio`` or ``trio``; POLICY is ``default`` (the benchmark's
 policy: a 30 s budget, so every attempt has a deadline) or ``nobudget``
-(``budget=None, attempts=4``). Run each with two values of N (2000 and
-12000) and divide the difference of the "Collected" totals by 30000:
-instructions per retry, without the start-up.
+(``budget=None, attempts=4``). Run each with two values of N (1000 and
+5000) and divide the difference of the "Collected" totals by 12000:
+instructions per retry, without the start-up. (A fixed hash seed makes
+the counts repeat to a few instructions; with a random one they vary by
+1 to 2 % from run to run.)
 """
 
 from __future__ import annotations
