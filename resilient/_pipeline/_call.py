@@ -187,10 +187,17 @@ class Call:
         """
         rec = self._rec
         if exc is None or not self.hold:
-            # `exit_deadline`, inline: one frame less per attempt.
+            # `exit_deadline` (and `_restore`), inline: one frame less per
+            # attempt.
             token = self._token
             if token is not None:
-                _restore(token, self._prior)
+                if token is _LOST:
+                    _DEADLINE.set(self._prior)
+                else:
+                    try:  # noqa: SIM105 - no context manager's frame
+                        _DEADLINE.reset(token)
+                    except RuntimeError:  # pragma: no cover - landed
+                        pass
                 self._token = None
             if rec is None:
                 return False
