@@ -134,7 +134,10 @@ class _Run:
                 self.ready(await _atraced(backend, None))
             outcome = await _atraced(backend, at)
             after = [await _atraced(backend, None) for _ in "ab"]
-            self.open = _settled(self.raw, self.name, self.keeps)
+            # In a thread: the loop closes a dropped socket in a callback.
+            self.open = await anyio.to_thread.run_sync(
+                _settled, self.raw, self.name, self.keeps
+            )
         finally:
             await backend.aclose()
         return outcome, after
