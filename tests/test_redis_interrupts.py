@@ -226,9 +226,9 @@ def test_an_interrupt_at_any_point_of_a_call_loses_no_connection(
             assert after[0] is False, where  # Served.
             assert run.open == keeps, where
             assert _settled(raw, name, 0) == 0, where
-            if outcome is False:
+            if outcome is not True:  # Past the call's last point.
                 break
-            landed += outcome is True
+            landed += 1
     assert landed > 10
 
 
