@@ -90,20 +90,65 @@ class _AsyncConnection(psycopg.AsyncConnection[Any]):
         )
 
 
-def _close_all(idle: list[_Connection]) -> None:
-    """Close every idle connection (a backend's finaliser)."""
-    while idle:
-        idle.pop().close()
-
-
 def _connect_seconds(limit: float) -> str:
     # libpq counts whole seconds, at least 2; our own limit cuts it shorter.
     return str(max(2, math.ceil(limit)))
 
 
 @final
+class _Kept:
+    """
+    One connection of `PostgresBackend`, and its only strong reference:
+    held by the idle list or by the one call using it. Closed by that
+    owner, or else when the last reference to it goes (`__del__`): an
+    interrupt that lands between an ``idle.pop()`` and the ``try`` that
+    owns what it returned drops the popped value from the stack, and
+    CPython frees it there and then (a `_Kept` is in no reference cycle).
+    So a connection is idle, in use, or closed by the backend; never left
+    for psycopg's finaliser (which warns) nor held after its call.
+    """
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn: _Connection | None = conn
+
+    def close(self) -> None:
+        """Close the connection, once."""
+        conn, self.conn = self.conn, None  # Taken with no call: atomic.
+        if conn is None:
+            return
+        try:
+            conn.close()
+        except BaseException:
+            conn.close()  # An interrupt stopped the first one at its start.
+            raise
+
+    def __del__(self) -> None:
+        # Not contextlib.suppress: a finaliser makes as few calls as it can.
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - at exit, or half made
+            pass
+
+
+def _close_all(idle: list[_Kept]) -> None:
+    """Close every idle connection (another thread may take the last)."""
+    with contextlib.suppress(IndexError):
+        while idle:
+            idle.pop().close()
+
+
+@final
 class PostgresBackend:
-    """`LockBackend` on psycopg's sync connections (a few kept idle)."""
+    """
+    `LockBackend` on psycopg's sync connections (a few kept idle).
+
+    Each connection is held by a `_Kept`; a call takes one from `_idle`
+    with a list pop (atomic, so no lock) and puts it back by an append
+    right after the ``try`` that closes it on any exception, so that an
+    interrupt at any point of a call leaves no connection held or open.
+    """
 
     scheme = "postgresql"
     max_renew_batch = MAX_RENEW_BATCH
@@ -112,8 +157,7 @@ class PostgresBackend:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
         self._hub, self._unhub = _hub(options, self._sql.channel)
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
+        self._idle: list[_Kept] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
         # Idle connections are closed when the backend goes, at the latest
@@ -123,10 +167,16 @@ class PostgresBackend:
     def __repr__(self) -> str:
         return f"PostgresBackend(table={'.'.join(self._options.table)!r})"
 
-    def _connect(self, limit: float) -> _Connection:
-        """A new connection, within *limit* seconds (in a helper thread,
-        because libpq's own connect timeout is whole seconds, at least 2)."""
-        result: list[_Connection | BaseException] = []
+    def _connect(self, limit: float) -> _Kept:
+        """
+        A new connection, within *limit* seconds (in a helper thread,
+        because libpq's own connect timeout is whole seconds, at least 2).
+        The thread hands it over in a `_Kept`, taken by a pop on either
+        side: once this thread has stopped waiting (the limit, or an
+        interrupt in the join), the helper closes one it made too late.
+        """
+        made: list[_Kept] = []
+        failed: list[BaseException] = []
         abandoned = threading.Event()
 
         def connect() -> None:
@@ -138,39 +188,47 @@ class PostgresBackend:
                     connect_timeout=_connect_seconds(limit),
                 )
             except BaseException as exc:  # noqa: BLE001 - handed over
-                result.append(exc)
+                failed.append(exc)
                 return
-            result.append(conn)
+            made.append(_Kept(conn))
             if abandoned.is_set():
-                conn.close()
+                _close_all(made)  # Unless the caller took it first.
 
         thread = threading.Thread(
             target=connect, name="resilient-pg-connect", daemon=True
         )
-        thread.start()
-        thread.join(limit)
-        abandoned.set()
-        if not result:
-            raise TimeoutError(f"no connection within {limit:.3f} s")
-        outcome = result[0]
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
+        try:
+            thread.start()
+            thread.join(limit)
+        finally:
+            abandoned.set()
+        with contextlib.suppress(IndexError):
+            return made.pop()
+        if failed:
+            raise failed[0]
+        raise TimeoutError(f"no connection within {limit:.3f} s")
 
-    def _take(self, limit: float) -> _Connection:
-        with self._lock:
-            while self._idle:
-                conn = self._idle.pop()
-                if not conn.closed:
-                    return conn
-        return self._connect(limit)
+    def _take(self, idle: list[_Kept], limit: float) -> _Kept:
+        """A kept connection that is still open, or a new one."""
+        while True:
+            try:
+                kept = idle.pop()
+            except IndexError:
+                return self._connect(limit)
+            conn = kept.conn
+            if conn is not None and not conn.closed:
+                return kept
+            kept.close()
 
-    def _give(self, conn: _Connection) -> None:
-        with self._lock:
-            if len(self._idle) < MAX_IDLE and not self._closed:
-                self._idle.append(conn)
-                return
-        conn.close()
+    def _keep(self, idle: list[_Kept]) -> None:
+        """Close what the idle list holds past `MAX_IDLE` (or all of it,
+        once the backend is closed)."""
+        if self._closed:
+            _close_all(idle)
+            return
+        with contextlib.suppress(IndexError):  # Another thread took it.
+            while len(idle) > MAX_IDLE:
+                idle.pop(0).close()
 
     def _run(self, query: Query) -> list[tuple[Any, ...]]:
         try:
@@ -187,24 +245,29 @@ class PostgresBackend:
         deadline = time.monotonic() + query.limit
         if query.limit <= 0:
             raise TimeoutError("no time left")
-        conn = self._take(query.limit)
-        ok = False
+        idle = self._idle
+        kept = self._take(idle, query.limit)
         try:
+            conn: Any = kept.conn  # Not None: `_take` saw it open.
             conn.limit = max(deadline - time.monotonic(), 0.001)
-            rows = conn.execute(
+            rows: list[tuple[Any, ...]] = conn.execute(
                 query.sql, query.params, prepare=True
             ).fetchall()
-            ok = True
-        finally:
-            if ok:
-                self._give(conn)
-            else:
-                conn.close()
+        except BaseException:
+            kept.close()
+            raise
+        # From the end of the ``try`` to the append there is no call, so
+        # no interrupt: the connection is closed by the handler or kept.
+        idle.append(kept)
+        if len(idle) > MAX_IDLE or self._closed:
+            self._keep(idle)
         return rows
 
     def _create(self, limit: float) -> None:
-        conn = self._take(limit)
+        idle = self._idle
+        kept = self._take(idle, limit)
         try:
+            conn: Any = kept.conn
             conn.limit = limit
             with conn.transaction():
                 conn.execute(
@@ -212,9 +275,11 @@ class PostgresBackend:
                 )
                 conn.execute(self._sql.create)
         except BaseException:
-            conn.close()
+            kept.close()
             raise
-        self._give(conn)
+        idle.append(kept)
+        if len(idle) > MAX_IDLE or self._closed:
+            self._keep(idle)
 
     def _maybe_sweep(self) -> None:
         now = time.monotonic()
@@ -249,10 +314,12 @@ class PostgresBackend:
         return self._hub.watch(key.hex, notify)
 
     def close(self) -> None:
+        """Close the kept connections; those in use close as their calls
+        end (a call sees the flag after its append, set before this drains
+        the list)."""
         self._unhub()
-        with self._lock:
-            self._closed = True
-            _close_all(self._idle)
+        self._closed = True
+        _close_all(self._idle)
 
 
 @final
@@ -273,24 +340,15 @@ class AsyncPostgresBackend:
     def __repr__(self) -> str:
         return f"AsyncPostgresBackend(table={'.'.join(self._options.table)!r})"
 
-    async def _take(self, limit: float) -> _AsyncConnection:
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.closed:
-                return conn
-        with anyio.fail_after(limit):
-            return await _AsyncConnection.connect(
-                self._options.driver_url,
-                autocommit=True,
-                prepare_threshold=0,
-                connect_timeout=_connect_seconds(limit),
-            )
-
-    async def _give(self, conn: _AsyncConnection) -> None:
-        if len(self._idle) < MAX_IDLE and not self._closed:
-            self._idle.append(conn)
-            return
-        await conn.close()
+    def _connect(self, limit: float) -> Any:
+        """The connect of a new connection (a coroutine, for the caller
+        to await and assign, with no call in between)."""
+        return _AsyncConnection.connect(
+            self._options.driver_url,
+            autocommit=True,
+            prepare_threshold=0,
+            connect_timeout=_connect_seconds(limit),
+        )
 
     async def _run(self, query: Query) -> list[tuple[Any, ...]]:
         try:
@@ -306,35 +364,82 @@ class AsyncPostgresBackend:
         deadline = time.monotonic() + query.limit
         if query.limit <= 0:
             raise TimeoutError("no time left")
-        conn = await self._take(query.limit)
-        ok = False
+        idle = self._idle
+        conn: _AsyncConnection | None = None
         try:
+            while idle:
+                # Not idle.pop(): an interrupt after that call returned
+                # would drop the connection from the stack, left open.
+                conn = idle[-1]
+                del idle[-1]
+                if not conn.closed:
+                    break
+                conn = None  # Broken (its status says so): nothing to do.
+            if conn is None:
+                # Connected in this ``try``, so that the handler closes it
+                # if an interrupt lands as the ``with`` block ends.
+                with anyio.fail_after(query.limit):
+                    conn = await self._connect(query.limit)
             conn.limit = max(deadline - time.monotonic(), 0.001)
             cursor = await conn.execute(query.sql, query.params, prepare=True)
             rows = await cursor.fetchall()
-            ok = True
-        finally:
-            with anyio.CancelScope(shield=True):
-                if ok:
-                    await self._give(conn)
-                else:
+        except BaseException:
+            if conn is not None:
+                try:
                     await conn.close()
+                except BaseException:
+                    await conn.close()  # Interrupted at its start.
+                    raise
+            raise
+        # No call from the end of the ``try`` to the append, so no
+        # interrupt: the connection is closed by the handler or kept.
+        idle.append(conn)
+        if len(idle) > MAX_IDLE or self._closed:
+            await self._trim(idle)
         return rows
 
-    async def _create(self, limit: float) -> None:
-        conn = await self._take(limit)
-        try:
-            conn.limit = limit
-            async with conn.transaction():
-                await conn.execute(
-                    "SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,)
-                )
-                await conn.execute(self._sql.create)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
+    async def _trim(self, idle: list[_AsyncConnection]) -> None:
+        """Close the oldest kept connections past `MAX_IDLE` (or all of
+        them, once the backend is closed)."""
+        keep = 0 if self._closed else MAX_IDLE
+        while len(idle) > keep:
+            conn = idle[0]
+            del idle[0]
+            try:
                 await conn.close()
+            except BaseException:
+                await conn.close()  # Interrupted at its start.
+                raise
+
+    async def _create(self, limit: float) -> None:
+        idle = self._idle
+        conn: _AsyncConnection | None = None
+        try:
+            with anyio.fail_after(limit):
+                conn = await self._connect(limit)
+            conn.limit = limit
+            # Not ``async with conn.transaction()``: closing a coroutine
+            # that awaits an async generator's step does not close the
+            # generator, so a dropped call would leave psycopg's wait in
+            # it registered on a socket the handler below closes. On any
+            # error the handler closes the session, which rolls back.
+            await conn.execute("BEGIN")
+            await conn.execute(
+                "SELECT pg_advisory_xact_lock(%s)", (_CREATE_LOCK,)
+            )
+            await conn.execute(self._sql.create)
+            await conn.execute("COMMIT")
+        except BaseException:
+            if conn is not None:
+                try:
+                    await conn.close()
+                except BaseException:
+                    await conn.close()  # Interrupted at its start.
+                    raise
             raise
-        await self._give(conn)
+        idle.append(conn)
+        if len(idle) > MAX_IDLE or self._closed:
+            await self._trim(idle)
 
     async def _maybe_sweep(self) -> None:
         now = time.monotonic()
@@ -369,12 +474,11 @@ class AsyncPostgresBackend:
         return self._hub.watch(key.hex, notify)
 
     async def aclose(self) -> None:
+        """Close the kept connections; those in use close as their calls
+        end."""
         self._unhub()
         self._closed = True
-        idle, self._idle = self._idle, []
-        with anyio.CancelScope(shield=True):
-            for conn in idle:
-                await conn.close()
+        await self._trim(self._idle)
 
 
 #: The advisory lock key that serialises the creation of lease tables
