@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import bisect
 import gc
-import heapq
 import math
 import random
 from typing import TYPE_CHECKING, Final, final
@@ -43,6 +42,7 @@ from resilient._retry import RetryMachine
 from resilient._simulate._calendar import (
     _LAST_SLOT,
     _SLOTS_PER_SECOND,
+    _WHEEL_SLOTS,
     _Calendar,
     _time,
 )
@@ -167,6 +167,9 @@ class _Run:
 
         One loop, with the calendar's push, the dependency and the load
         chart inlined: this is where a million calls spend their time.
+        Without a guard, a calendar slot within one bucket of the chart
+        runs in a loop of its own, the outage's or the capacity's, that
+        counts the chart per slot rather than per request.
         """
         config = self.config
         stop = math.inf if config.duration is None else config.duration
@@ -184,12 +187,13 @@ class _Run:
         machines, ends, reasons = self.machines, self.ends, self.reasons
         times = self.times
         calendar = self.calendar
-        slots, later, next_slot = (
-            calendar.slots,
-            calendar.later,
+        wheel, add, next_slot = (
+            calendar.wheel,
+            calendar.add,
             calendar.next_slot,
         )
-        now_slot = -1.0
+        sps, floor = _SLOTS_PER_SECOND, math.floor
+        now_slot = -1
         # Events left before the run is stopped as endless: counted a slot
         # at a time (and at each insertion into the slot being run, which
         # a policy that never waits fills without end); the ends of served
@@ -198,7 +202,7 @@ class _Run:
         during_outage = refused = 0
         last = end = 0.0
         overload_end: float | None = None
-        insort, heappush = bisect.insort_right, heapq.heappush
+        insort = bisect.insort_right
         decide = RetryMachine.decide_error
         decide_transient = RetryMachine.decide_transient
         # Every call's machine is made like this one (`sibling`: the
@@ -217,6 +221,7 @@ class _Run:
         # as `decide_transient` does, in fewer frames.
         no_hint = policy.retry_after is None
         down_fast = down_ok and no_hint
+        overloaded_fast = overloaded_ok and no_hint
         error: Exception | None
         transient: bool | None
         delay: float | GiveUpReason
@@ -225,52 +230,121 @@ class _Run:
             left -= len(current)
             if left < 0:
                 raise _endless()
-            slot_end = (now_slot + 1.0) / _SLOTS_PER_SECOND  # Exact.
-            if guard is None and slot_end <= outage and slot_end <= stop:
-                # A slot wholly within the outage, without a guard: every
-                # request fails, so count them per slot, not per request.
-                start = now_slot / _SLOTS_PER_SECOND
+            # The slot's end (exact); a slot past the wheel runs the
+            # general loop.
+            slot_end = (
+                (now_slot + 1.0) / sps if now_slot < _WHEEL_SLOTS else math.inf
+            )
+            if guard is None and slot_end + service_time < stop:
+                start = now_slot / sps
                 if start >= bucket_end:
                     index, bucket_end = buckets.at(start)
                     if index >= len(load):
                         grow = [0] * (index + 1 - len(load))
                         load += grow
                         served += grow
-                if slot_end <= bucket_end:
-                    for now, call in current:
-                        clock.t = now
-                        machine = machines[call]
-                        if machine is None:
-                            machine = machines[call] = sibling(template, now)
-                        delay = (
-                            decide_transient(machine)
-                            if down_fast
-                            else decide(machine, _DOWN, False, down_ok)
+                if slot_end <= bucket_end and (
+                    slot_end <= outage or (start >= outage and overloaded_fast)
+                ):
+                    # Every event is an attempt (no guard: no event for the
+                    # end of a request), in one bucket: the load, the last
+                    # attempt and the end are counted once per slot.
+                    if slot_end <= outage:
+                        # Wholly within the outage: every request fails.
+                        for now, call in current:
+                            clock.t = now
+                            machine = machines[call]
+                            if machine is None:
+                                machine = machines[call] = sibling(
+                                    template, now
+                                )
+                            delay = (
+                                decide_transient(machine)
+                                if down_fast
+                                else decide(machine, _DOWN, False, down_ok)
+                            )
+                            if isinstance(delay, str):
+                                ends[call], reasons[call] = now, delay
+                                continue
+                            at = now + delay
+                            # The push below, the same steps.
+                            try:
+                                slot = floor(at * sps)
+                            except OverflowError:
+                                slot = _LAST_SLOT
+                            if slot <= now_slot:
+                                insort(current, (at, call), key=_time)
+                                calendar.heap_ops += 1
+                                calendar.inserts += 1
+                                left -= 1
+                                if left < 0:
+                                    raise _endless()
+                                continue
+                            try:
+                                wheel[slot].append((at, call))  # type: ignore[union-attr]
+                            except (IndexError, AttributeError):
+                                add(at, call, slot)
+                        during_outage += len(current)
+                        last = end = current[-1][0]
+                    else:
+                        # Wholly after it: the token bucket serves or
+                        # refuses each request; the dependency's overload is
+                        # transient and reads no hint.
+                        count = 0
+                        for now, call in current:
+                            tokens += (now - refilled) * capacity
+                            if tokens >= size:  # noqa: PLR1730 - min()
+                                tokens = size
+                            refilled = now
+                            if tokens >= 1.0:
+                                tokens -= 1.0
+                                count += 1
+                                ends[call], reasons[call] = (
+                                    now + service_time,
+                                    None,
+                                )
+                                continue
+                            overload_end = clock.t = now
+                            machine = machines[call]
+                            if machine is None:
+                                machine = machines[call] = sibling(
+                                    template, now
+                                )
+                            delay = decide_transient(machine)
+                            if isinstance(delay, str):
+                                ends[call], reasons[call] = now, delay
+                                continue
+                            at = now + delay
+                            # The push below, the same steps.
+                            try:
+                                slot = floor(at * sps)
+                            except OverflowError:
+                                slot = _LAST_SLOT
+                            if slot <= now_slot:
+                                insort(current, (at, call), key=_time)
+                                calendar.heap_ops += 1
+                                calendar.inserts += 1
+                                left -= 1
+                                if left < 0:
+                                    raise _endless()
+                                continue
+                            try:
+                                wheel[slot].append((at, call))  # type: ignore[union-attr]
+                            except (IndexError, AttributeError):
+                                add(at, call, slot)
+                        served[index] += count
+                        last, call = current[-1]
+                        # The general loop's end: the last event's time, or
+                        # the end of its request when it was served.
+                        served_end = ends[call]
+                        end = (
+                            served_end
+                            if served_end is not None
+                            and served_end > last
+                            and reasons[call] is None
+                            else last
                         )
-                        if isinstance(delay, str):
-                            ends[call], reasons[call] = now, delay
-                            continue
-                        at = now + delay
-                        # The push below, the same steps.
-                        slot = at * _SLOTS_PER_SECOND
-                        slot = slot // 1.0 if slot < _LAST_SLOT else _LAST_SLOT
-                        if slot <= now_slot:
-                            insort(current, (at, call), key=_time)
-                            calendar.heap_ops += 1
-                            calendar.inserts += 1
-                            left -= 1
-                            if left < 0:
-                                raise _endless()
-                            continue
-                        try:
-                            slots[slot].append((at, call))
-                        except KeyError:
-                            slots[slot] = [(at, call)]
-                            heappush(later, slot)
-                            calendar.heap_ops += 1
                     load[index] += len(current)
-                    during_outage += len(current)
-                    last = end = current[-1][0]
                     continue
             # The slot's events in order; a wait under a millisecond is
             # inserted behind the event being run, and the loop reaches it.
@@ -359,9 +433,12 @@ class _Run:
                         ends[call], reasons[call] = now, delay
                         continue
                     at = now + delay
-                # Push (at, call): the calendar's push, inlined (`_slot`).
-                slot = at * _SLOTS_PER_SECOND
-                slot = slot // 1.0 if slot < _LAST_SLOT else _LAST_SLOT
+                # Push (at, call): the calendar's push, inlined (`_slot`,
+                # then `_Calendar.add` when the slot has no list yet).
+                try:
+                    slot = floor(at * sps)
+                except OverflowError:
+                    slot = _LAST_SLOT
                 if slot <= now_slot:
                     # Due within the slot being run (a wait under a
                     # millisecond): in its place among the rest, after the
@@ -374,11 +451,9 @@ class _Run:
                         raise _endless()
                     continue
                 try:
-                    slots[slot].append((at, call))
-                except KeyError:
-                    slots[slot] = [(at, call)]
-                    heappush(later, slot)
-                    calendar.heap_ops += 1
+                    wheel[slot].append((at, call))  # type: ignore[union-attr]
+                except (IndexError, AttributeError):
+                    add(at, call, slot)
             else:
                 continue
             break
