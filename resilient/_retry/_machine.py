@@ -422,13 +422,17 @@ class RetryMachine(MachineRecords):
         policy = self.policy
         try:
             delay = policy.backoff.delay(attempt - 1, self._previous, self.rng)
-            if not 0.0 <= delay < _INF:
+            # `0.0 <= delay < _INF`, false for NaN, in fewer steps.
+            if not (delay >= 0.0 and delay < _INF):
                 not_a_delay(policy, delay)
                 return "backoff_error"
         except Exception:  # noqa: BLE001 - logged: a broken backoff
             backoff_raised(policy)
             return "backoff_error"
-        now = self._now()
+        # The clock read as an attribute, then called (a method call's
+        # lookup finds no method, a slot, and takes the slow path).
+        clock_now = self._now
+        now = clock_now()
         if now + delay >= self.deadline:
             return self._late()
         budget = self.retry_budget
@@ -477,8 +481,8 @@ class RetryMachine(MachineRecords):
         new._rejections = 0
         new._source = "backoff"
         new._testing = False
-        attempts = policy.attempts
-        new._max_attempts = attempts if attempts is not None else _INF
+        # This machine's own limit: it is not in testing mode (above).
+        new._max_attempts = self._max_attempts
         return new
 
     def _late(self) -> GiveUpReason:

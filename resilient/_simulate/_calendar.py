@@ -151,7 +151,7 @@ class _Calendar:
         # time alone (on floats, the sort's fast path) keeps that order
         # among equal times.
         events.sort(key=_time)  # type: ignore[union-attr]
-        return events  # type: ignore[return-value]
+        return events
 
 
 _time: Final = operator.itemgetter(0)
