@@ -97,8 +97,12 @@ class _Calendar:
         self.inserts = 0
         """Of those, the insertions into the slot being run."""
         wheel, add = self.wheel, self.add
+        floor, sps = _floor, _SLOTS_PER_SECOND
         for number, at in enumerate(times):
-            slot = _slot(at)
+            try:
+                slot = floor(at * sps)  # `_slot`, inline.
+            except OverflowError:
+                slot = _LAST_SLOT
             try:
                 wheel[slot].append((at, number))  # type: ignore[union-attr]
             except (IndexError, AttributeError):

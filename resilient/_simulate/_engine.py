@@ -270,11 +270,14 @@ class _Run:
                                 if down_fast
                                 else decide(machine, _DOWN, False, down_ok)
                             )
-                            if isinstance(delay, str):
-                                ends[call], reasons[call] = now, delay
+                            try:
+                                at = now + delay  # type: ignore[operator]
+                            except TypeError:
+                                # A str: why the call gives up (as below).
+                                ends[call] = now
+                                reasons[call] = delay  # type: ignore[assignment]
                                 counted[call] = machine.attempt
                                 continue
-                            at = now + delay
                             # The push below, the same steps.
                             try:
                                 slot = floor(at * sps)
@@ -322,11 +325,15 @@ class _Run:
                                     template, now
                                 )
                             delay = decide_transient(machine)
-                            if isinstance(delay, str):
-                                ends[call], reasons[call] = now, delay
+                            try:
+                                at = now + delay  # type: ignore[operator]
+                            except TypeError:
+                                # A str: why the call gives up (once per
+                                # call at most, cheaper than a test each).
+                                ends[call] = now
+                                reasons[call] = delay  # type: ignore[assignment]
                                 counted[call] = machine.attempt
                                 continue
-                            at = now + delay
                             # The push below, the same steps.
                             try:
                                 slot = floor(at * sps)
