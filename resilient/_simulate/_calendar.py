@@ -159,3 +159,31 @@ class _Calendar:
 
 
 _time: Final = operator.itemgetter(0)
+
+
+@final
+class _Buckets:
+    """
+    The load chart's buckets of *width* seconds: the bucket a time falls
+    in, ``int(now // width)``, and the first time of the next bucket, so
+    that a run whose time only moves forward asks once per bucket.
+    """
+
+    __slots__ = ("width",)
+
+    def __init__(self, width: float) -> None:
+        self.width = width
+
+    def at(self, now: float) -> tuple[int, float]:
+        """The bucket of *now*, and the smallest time in a later one."""
+        width = self.width
+        index = now // width
+        # The smallest float whose bucket is past *now*'s: the product
+        # (index + 1) * width, rounded, may miss it by a few units in the
+        # last place either way.
+        end = (index + 1.0) * width
+        while end // width > index:
+            end = math.nextafter(end, -math.inf)
+        while end // width <= index:
+            end = math.nextafter(end, math.inf)
+        return int(index), end

@@ -35,25 +35,28 @@ import math
 import random
 from typing import TYPE_CHECKING, Final, cast, final
 
-import attrs
-
-from resilient import BreakerState
 from resilient._retry import RetryMachine
 from resilient._simulate._calendar import (
     _LAST_SLOT,
     _SLOTS_PER_SECOND,
     _WHEEL_SLOTS,
+    _Buckets,
     _Calendar,
     _time,
 )
 from resilient._simulate._config import SimulationConfig
 from resilient._simulate._fleet import (
     _BUDGET_TAKES_A_CLOCK,
+    _DOWN,
+    _MAX_ATTEMPTS_PER_CLIENT,
+    _OVERLOADED,
+    _endless,
     _FleetGuard,
     _guard,
     _VirtualClock,
+    start_times,
 )
-from resilient._simulate._result import Calls, SimulationResult, _summarize
+from resilient._simulate._result import Calls, SimulationResult, collect
 from resilient.testing import use_clock
 
 
@@ -63,62 +66,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "_BUDGET_TAKES_A_CLOCK",
+    "_Buckets",
     "_Calendar",
     "_Run",
     "_VirtualClock",
     "_guard",
     "simulate",
 ]
-
-
-class _DownError(ConnectionError):
-    """The dependency is down (the outage)."""
-
-
-class _OverloadedError(ConnectionError):
-    """The dependency refused a request beyond its capacity."""
-
-
-_DOWN: Final = _DownError("simulated outage")
-_OVERLOADED: Final = _OverloadedError("simulated overload")
-
-
-_MAX_ATTEMPTS_PER_CLIENT: Final = 100_000
-
-
-def _endless() -> RuntimeError:
-    return RuntimeError(
-        "simulate(): the clients retry without end; give the policy a "
-        "backoff that waits, or fewer attempts"
-    )
-
-
-@final
-class _Buckets:
-    """
-    The load chart's buckets of *width* seconds: the bucket a time falls
-    in, ``int(now // width)``, and the first time of the next bucket, so
-    that a run whose time only moves forward asks once per bucket.
-    """
-
-    __slots__ = ("width",)
-
-    def __init__(self, width: float) -> None:
-        self.width = width
-
-    def at(self, now: float) -> tuple[int, float]:
-        """The bucket of *now*, and the smallest time in a later one."""
-        width = self.width
-        index = now // width
-        # The smallest float whose bucket is past *now*'s: the product
-        # (index + 1) * width, rounded, may miss it by a few units in the
-        # last place either way.
-        end = (index + 1.0) * width
-        while end // width > index:
-            end = math.nextafter(end, -math.inf)
-        while end // width <= index:
-            end = math.nextafter(end, math.inf)
-        return int(index), end
 
 
 @final
@@ -136,23 +90,10 @@ class _Run:
         self.refused = 0
         self.during_outage = 0
         self.overload_end: float | None = None
-        # Separate streams, so that changing the policy keeps start times
-        # and adding steady traffic keeps the burst's.
-        starts = random.Random(f"{config.seed}:starts")
+        # Its own stream, so that the start times (`start_times`) stay the
+        # same when the policy changes.
         self.jitter = random.Random(f"{config.seed}:jitter")
-        uniform, spread = starts.uniform, config.spread
-        times = [uniform(0.0, spread) for _ in range(config.clients)]
-        if config.rate > 0:
-            arrivals = random.Random(f"{config.seed}:arrivals")
-            # `arrivals.expovariate(rate)`, its formula inline (a frame
-            # less per call, the same floats: the tests check it).
-            draw, log, rate = arrivals.random, math.log, config.rate
-            until, append = config.rate_until, times.append
-            at = -log(1.0 - draw()) / rate
-            while at < until:
-                append(at)
-                at += -log(1.0 - draw()) / rate
-        self.times = times
+        self.times = times = start_times(config)
         calls = len(times)
         # The calls, by number: a column each, not an object per call.
         self.machines: list[RetryMachine | int | None] = [None] * calls
@@ -501,60 +442,25 @@ class _Run:
         )
 
     def result(self) -> SimulationResult:
-        config = self.config
-        load, served = self.load, self.served
-        end = self.end
-        if config.duration is not None:
-            end = config.duration
-            size = max(1, math.ceil(config.duration / config.bucket - 1e-9))
-            load = (load + [0] * size)[:size]
-            served = (served + [0] * size)[:size]
-        calls = self.calls()
+        """What the run measured (`_result.collect`)."""
         guard = self.guard
-        if isinstance(guard, _FleetGuard):
-            transitions = tuple(guard.transitions)
-            machine, budget = guard.breaker, guard.budget
-        else:
-            transitions, machine, budget = (), None, None
-        figures = _summarize(
-            config,
-            load,
-            calls,
-            self.last,
-            self.overload_end,
+        fleet = guard if isinstance(guard, _FleetGuard) else None
+        return collect(
+            self.config,
+            self.load,
+            self.served,
+            self.calls(),
+            end=self.end,
+            last=self.last,
+            overload_end=self.overload_end,
             refused=self.refused,
             during_outage=self.during_outage,
-        )
-        if machine is not None:
-            closed = [t.at for t in transitions if t.new is _CLOSED]
-            figures = attrs.evolve(
-                figures,
-                breaker_opened=machine.times_opened,
-                breaker_closed=(
-                    closed[-1] if closed and machine.state is _CLOSED else None
-                ),
-            )
-        if budget is not None:
-            stats = budget.statistics()
-            figures = attrs.evolve(
-                figures,
-                budget_retries=stats.total_retries,
-                budget_refused=stats.refused,
-                budget_calls=stats.total_calls,
-            )
-        return SimulationResult(
-            config=config,
-            load=tuple(load),
-            served=tuple(served),
-            calls=calls,
-            overload_end=self.overload_end,
-            end=end,
-            summary=figures,
-            transitions=transitions,
+            transitions=() if fleet is None else tuple(fleet.transitions),
+            breaker=None if fleet is None else fleet.breaker,
+            budget=None if fleet is None else fleet.budget,
         )
 
 
-_CLOSED: Final = BreakerState.CLOSED
 _NO: Final = "unfinished"
 
 

@@ -19,6 +19,8 @@ from resilient import BreakerState, BreakerTransition
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from resilient import RetryBudget
+    from resilient._breaker import _BreakerMachine
     from resilient._simulate._config import SimulationConfig
 
 
@@ -374,3 +376,69 @@ def _summarize(
             0.0 if overload_end is None else overload_end - config.outage
         ),
     )
+
+
+def collect(
+    config: SimulationConfig,
+    load: list[int],
+    served: list[int],
+    calls: Calls,
+    *,
+    end: float,
+    last: float,
+    overload_end: float | None,
+    refused: int,
+    during_outage: int,
+    transitions: tuple[BreakerTransition, ...],
+    breaker: _BreakerMachine | None,
+    budget: RetryBudget | None,
+) -> SimulationResult:
+    """
+    The result of a run from what it counted: its chart cut or padded to
+    the duration, if any, and the summary with the breaker's and the retry
+    budget's figures.
+    """
+    if config.duration is not None:
+        end = config.duration
+        size = max(1, math.ceil(config.duration / config.bucket - 1e-9))
+        load = (load + [0] * size)[:size]
+        served = (served + [0] * size)[:size]
+    figures = _summarize(
+        config,
+        load,
+        calls,
+        last,
+        overload_end,
+        refused=refused,
+        during_outage=during_outage,
+    )
+    if breaker is not None:
+        closed = [t.at for t in transitions if t.new is _CLOSED]
+        figures = attrs.evolve(
+            figures,
+            breaker_opened=breaker.times_opened,
+            breaker_closed=(
+                closed[-1] if closed and breaker.state is _CLOSED else None
+            ),
+        )
+    if budget is not None:
+        stats = budget.statistics()
+        figures = attrs.evolve(
+            figures,
+            budget_retries=stats.total_retries,
+            budget_refused=stats.refused,
+            budget_calls=stats.total_calls,
+        )
+    return SimulationResult(
+        config=config,
+        load=tuple(load),
+        served=tuple(served),
+        calls=calls,
+        overload_end=overload_end,
+        end=end,
+        summary=figures,
+        transitions=transitions,
+    )
+
+
+_CLOSED: Final = BreakerState.CLOSED
