@@ -422,15 +422,13 @@ class RetryMachine(MachineRecords):
         policy = self.policy
         try:
             delay = policy.backoff.delay(attempt - 1, self._previous, self.rng)
-            # `0.0 <= delay < _INF`, false for NaN, in fewer steps.
-            if not (delay >= 0.0 and delay < _INF):
+            if not (delay >= 0.0 and delay < _INF):  # NaN too; no chain
                 not_a_delay(policy, delay)
                 return "backoff_error"
         except Exception:  # noqa: BLE001 - logged: a broken backoff
             backoff_raised(policy)
             return "backoff_error"
-        # The clock read as an attribute, then called (a method call's
-        # lookup finds no method, a slot, and takes the slow path).
+        # An attribute, then a call: `self._now()` looks for a method, slowly.
         clock_now = self._now
         now = clock_now()
         if now + delay >= self.deadline:
@@ -481,8 +479,7 @@ class RetryMachine(MachineRecords):
         new._rejections = 0
         new._source = "backoff"
         new._testing = False
-        # This machine's own limit: it is not in testing mode (above).
-        new._max_attempts = self._max_attempts
+        new._max_attempts = self._max_attempts  # Not testing (above).
         return new
 
     def _late(self) -> GiveUpReason:
