@@ -69,7 +69,7 @@ nitpick_ignore_regex = [
 ]
 nitpick_ignore = [
     # The keyword arguments of Policy.evolve(), typed: the fields of Policy.
-    ("py:class", "resilient._policy.PolicyChanges"),
+    ("py:class", "resilient._policy._policy.PolicyChanges"),
     # The same for the evolve() of the bulkhead and retry-budget configs.
     ("py:class", "resilient._core._config_bulkhead.BulkheadKnobs"),
     ("py:class", "resilient._core._config_retry_budget.RetryBudgetKnobs"),

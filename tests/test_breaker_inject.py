@@ -283,9 +283,9 @@ def _fill(cb: CircuitBreaker, n: int, *, every: int = 0) -> int:
 @pytest.fixture
 def small_inbox(monkeypatch: pytest.MonkeyPatch) -> int:
     """An inbox that fills at 4 successes (fewer points to go through)."""
-    from resilient._breaker import _blocks, _breaker, _calls
+    from resilient._breaker import _blocks, _calls, _settling
 
-    for module in (_blocks, _breaker, _calls):
+    for module in (_blocks, _calls, _settling):
         monkeypatch.setattr(module, "INBOX_LIMIT", 4)
     return 4
 

@@ -169,7 +169,7 @@ class _Interrupt:
     ``tests/test_lock_interrupts.py``).
     """
 
-    FILES = ("_sqlite/_files.py", "_lock/_sync.py")
+    FILES = ("_sqlite/_waiter.py", "_lock/_sync.py")
 
     def __init__(self, n: int) -> None:
         self.n, self.seen, self.fired = n, 0, False

@@ -1,18 +1,17 @@
 """
-Circuit breakers: the pure machine (`_machine`), its windows (`_windows`),
-the sync and async shells (`_breaker`), and the breakers by name
+Circuit breakers: the pure machine (`_machine`), its state changes
+(`_transitions`), the records it hands out (`_records`) and its windows
+(`_windows`); the shell, `CircuitBreaker` (`_breaker`), with its decorator
+(`_calls`), blocks (`_blocks`), rejection path (`_rejecting`), settling
+(`_settling`) and reporting (`_notify`, `_report`); and the breakers by name
 (`_registry`).
 """
 
 from __future__ import annotations
 
-from resilient._breaker._breaker import (
-    CircuitBreaker,
-    Listener,
-    Ticket,
-    attempt_outcome,
-)
-from resilient._breaker._machine import (
+from resilient._breaker._breaker import CircuitBreaker, Listener, Ticket
+from resilient._breaker._machine import _BreakerMachine
+from resilient._breaker._records import (
     _VERDICTS,
     FAILURE,
     IGNORE,
@@ -23,7 +22,6 @@ from resilient._breaker._machine import (
     BreakerTransition,
     Reject,
     TransitionReason,
-    _BreakerMachine,
 )
 from resilient._breaker._registry import (
     DEFAULT_MAX_BREAKERS,
@@ -32,6 +30,7 @@ from resilient._breaker._registry import (
     get_breaker,
     set_breaker_defaults,
 )
+from resilient._breaker._settling import attempt_outcome
 from resilient._breaker._windows import CountRing, TimeRing
 
 

@@ -19,8 +19,8 @@ import weakref
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, final
 
 from resilient._breaker._calls import INBOX_LIMIT
-from resilient._breaker._machine import SUCCESS, BreakerPermit
 from resilient._breaker._now import DEFAULT, monotonic, now
+from resilient._breaker._records import SUCCESS, BreakerPermit
 from resilient._core import _clock
 
 

@@ -26,13 +26,9 @@ back edge, at a function's start. So:
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
 from typing import (
     TYPE_CHECKING,
-    Any,
-    Final,
     ParamSpec,
     TypeAlias,
     TypeVar,
@@ -46,40 +42,48 @@ from resilient._breaker._blocks import (
     enter_block,
     exit_block,
 )
-from resilient._breaker._calls import INBOX_LIMIT, async_wrapper, sync_wrapper
-from resilient._breaker._machine import (
-    _CLOSED,
+from resilient._breaker._calls import acall, async_wrapper, call, sync_wrapper
+from resilient._breaker._machine import _BreakerMachine
+from resilient._breaker._notify import (
+    anotify,
+    deliver,
+    drain,
+    notify,
+    sync_pin,
+)
+from resilient._breaker._now import now
+from resilient._breaker._records import (
     _OPEN,
-    FAILURE,
-    IGNORE,
-    SUCCESS,
-    UNCOUNTED,
     BreakerPermit,
     BreakerState,
     BreakerStatistics,
     BreakerTransition,
-    _BreakerMachine,
 )
-from resilient._breaker._now import DEFAULT, now
-from resilient._breaker._report import report_rejection, report_transition
+from resilient._breaker._rejecting import admission, rejection
+from resilient._breaker._settling import (
+    absorb,
+    afailed,
+    asettle_closed,
+    asettle_permit,
+    count,
+    failed,
+    record,
+    settle_closed,
+    settle_permit,
+)
 from resilient._core import _clock
 from resilient._core._config_breaker import BreakerConfig, Outcome
 from resilient._core._decorate import decorate, is_async_callable
-from resilient._core._telemetry import disabled
 from resilient._core._validate import check_name
-from resilient.exceptions import CircuitOpen, ConfigTypeError, DeadlineExceeded
+from resilient.exceptions import CircuitOpen, ConfigTypeError
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator
+    from collections.abc import Callable
 
 
 P = ParamSpec("P")
 T = TypeVar("T")
-
-log: Final = logging.getLogger("resilient")
-
-_new_open: Final = CircuitOpen.__new__
 
 Listener: TypeAlias = "Callable[[BreakerTransition], object]"
 """A state-change listener: sync, or a coroutine function."""
@@ -290,129 +294,23 @@ class CircuitBreaker:
     admit = acquire
     aadmit = aacquire
 
-    def _admission(
-        self,
-    ) -> tuple[BreakerPermit | CircuitOpen, list[BreakerTransition] | None]:
-        """
-        The machine's answer under the lock (the breaker is not closed, or
-        was not a moment ago), and the state changes to report: a permit,
-        or the rejection to raise once they are reported (a rejection that
-        changed nothing is raised here). A metrics-only breaker reports the
-        rejection and hands out an uncounted permit instead.
+    # Not closed: see `_rejecting`.
 
-        Raised from here, the rejection is never in a local variable of a
-        frame its traceback holds: no reference cycle, so no work for the
-        garbage collector per rejection.
-        """
-        c = _clock._clock  # noqa: SLF001
-        t = time.monotonic() if c is DEFAULT else c.now()
-        with self._lock:
-            m = self._m
-            got = m.admit_or_wait(t, self)
-            if type(got) is not BreakerPermit:
-                state = m.state
-                opened_by = m.opened_by
-            events = self._drain() if m.outbox else None
-        if not self._pinned and events is None:
-            self._sync_pin()  # Heal a pin an exception interrupted.
-        if type(got) is BreakerPermit:
-            return got, events
-        metrics_only = self.config.metrics_only
-        if not disabled():
-            report_rejection(self.name, got, state, metrics_only=metrics_only)
-        if metrics_only:
-            return BreakerPermit(self, UNCOUNTED, t, 0), events
-        # Made by __new__ alone, which sets ``args`` (see `CircuitOpen`).
-        if events is None:
-            raise _new_open(
-                CircuitOpen, self.name, got, state.value, opened_by
-            )
-        return _new_open(
-            CircuitOpen, self.name, got, state.value, opened_by
-        ), events
+    _admission = admission
+    _rejection = rejection
 
-    def _rejection(self, m: _BreakerMachine, t: float) -> CircuitOpen:
-        """
-        The rejection of a call at *t* while *m* is open within its
-        interval (`_BreakerMachine.admit_or_wait`'s first rule, written out
-        for the hot path), counted and reported; for the caller to raise.
+    # Settling: every outcome enters the machine through `_record` (see
+    # `_settling`).
 
-        Decided without the lock: the state, opening and interval are read
-        once each, and a read that races a state change rejects as if the
-        call had come a moment earlier. The count is one increment with no
-        call inside, which CPython (with its GIL) never interrupts.
-        """
-        m.rejected += 1
-        wait = m.open_until - t
-        if not disabled():
-            report_rejection(self.name, wait, _OPEN)
-        return _new_open(CircuitOpen, self.name, wait, "open", m.opened_by)
-
-    # Settling: every outcome enters the machine through `_record`.
-
-    def _record(
-        self,
-        epoch: int,
-        start: float,
-        probe: int,
-        outcome: int,
-        permit: BreakerPermit | None,
-        *,
-        exc: BaseException | None = None,
-    ) -> list[BreakerTransition] | None:
-        """
-        Count one call's outcome; the state changes to report, if any.
-
-        A closed call's success that was not slow goes to the epoch's inbox
-        without the lock (it cannot open the breaker; see
-        `_BreakerMachine.absorb`), an ignored closed call changes nothing;
-        everything else is counted under the lock.
-        """
-        c = _clock._clock  # noqa: SLF001
-        t = time.monotonic() if c is DEFAULT else c.now()
-        if not probe and outcome != FAILURE:
-            if permit is not None:
-                if permit._done:  # noqa: SLF001
-                    return None
-                permit._done = True  # noqa: SLF001
-                permit = None
-            if outcome == IGNORE:
-                return None
-            m = self._m
-            gate = m.gate
-            if gate is not None and gate[0] == epoch and t - start < m.slow:
-                inbox = gate[1]
-                inbox.append(t)
-                if len(inbox) >= INBOX_LIMIT:
-                    self._absorb()
-                return None
-        return self._count(epoch, start, probe, outcome, permit, t=t, exc=exc)
-
-    def _absorb(self) -> None:
-        """Empty a full inbox into the window."""
-        with self._lock:
-            self._m.absorb()
-
-    def _count(
-        self,
-        epoch: int,
-        start: float,
-        probe: int,
-        outcome: int,
-        permit: BreakerPermit | None,
-        *,
-        t: float,
-        exc: BaseException | None,
-    ) -> list[BreakerTransition] | None:
-        """`_record` under the lock: the machine counts the outcome."""
-        with self._lock:
-            if permit is not None:
-                if permit._done:  # noqa: SLF001
-                    return None
-                permit._done = True  # noqa: SLF001
-            m = self._m
-            m.settle(epoch, probe, outcome, t - start, t, exc=exc)
-            return self._drain() if m.outbox else None
+    _record = record
+    _absorb = absorb
+    _count = count
+    _settle_closed = settle_closed
+    _asettle_closed = asettle_closed
+    _settle = settle_permit
+    _asettle = asettle_permit
+    _failed = failed
+    _afailed = afailed
 
     def settle(
         self,
@@ -442,157 +340,21 @@ class CircuitBreaker:
         else:
             await self._asettle(ticket, outcome, exc)  # type: ignore[arg-type]
 
-    def _settle_closed(
-        self,
-        epoch: int,
-        start: float,
-        outcome: int,
-        exc: BaseException | None = None,
-    ) -> None:
-        events = self._record(epoch, start, 0, outcome, None, exc=exc)
-        if events:
-            self._notify(events)
-
-    async def _asettle_closed(
-        self,
-        epoch: int,
-        start: float,
-        outcome: int,
-        exc: BaseException | None = None,
-    ) -> None:
-        events = self._record(epoch, start, 0, outcome, None, exc=exc)
-        if events:
-            await self._anotify(events)
-
-    def _settle(
-        self,
-        permit: BreakerPermit,
-        outcome: int,
-        exc: BaseException | None = None,
-    ) -> None:
-        events = self._record(
-            permit.epoch, permit.start, permit.probe, outcome, permit, exc=exc
-        )
-        if events:
-            self._notify(events)
-
-    async def _asettle(
-        self,
-        permit: BreakerPermit,
-        outcome: int,
-        exc: BaseException | None = None,
-    ) -> None:
-        events = self._record(
-            permit.epoch, permit.start, permit.probe, outcome, permit, exc=exc
-        )
-        if events:
-            await self._anotify(events)
-
-    def _failed(
-        self,
-        epoch: int,
-        start: float,
-        probe: int,
-        permit: BreakerPermit | None,
-        exc: BaseException,
-    ) -> None:
-        """A guarded call raised *exc*: count it as the configuration says."""
-        events = self._record(
-            epoch, start, probe, self.config.outcome(exc), permit, exc=exc
-        )
-        if events:
-            self._notify(events)
-
-    async def _afailed(
-        self,
-        epoch: int,
-        start: float,
-        probe: int,
-        permit: BreakerPermit | None,
-        exc: BaseException,
-    ) -> None:
-        """`_failed` from async code; while cancelled, nothing is awaited."""
-        events = self._record(
-            epoch, start, probe, self.config.outcome(exc), permit, exc=exc
-        )
-        if events:
-            if isinstance(exc, Exception):
-                await self._anotify(events)
-            else:  # Cancelled: never await while cancelled.
-                self._notify(events)
-
     def outcome(self, exc: BaseException) -> Outcome:
         """How *exc* counts for this breaker (its `BreakerConfig.outcome`)."""
         return self.config.outcome(exc)
 
     _outcome = outcome
 
-    def _drain(self) -> list[BreakerTransition]:
-        m = self._m
-        events, m.outbox = m.outbox, []
-        return events
+    # Reporting, outside the lock: see `_notify`.
 
-    # Reporting, outside the lock: one body for both colours.
+    _drain = drain
+    _deliver = deliver
+    _notify = notify
+    _anotify = anotify
+    _sync_pin = sync_pin
 
-    def _deliver(
-        self, events: list[BreakerTransition], *, awaiting: bool
-    ) -> Iterator[Awaitable[object]]:
-        """
-        Report *events* and call the sync listeners; yield the async
-        listeners' awaitables when the caller can await them (else skip
-        them).
-        """
-        self._sync_pin()
-        for event in events:
-            report_transition(event)
-            for listener, is_async in self._listeners:
-                if is_async and not awaiting:
-                    log.debug(
-                        "resilient: async listener %r skipped: breaker %r "
-                        "changed state in sync code",
-                        listener,
-                        self.name,
-                    )
-                    continue
-                try:
-                    result = listener(event)
-                except Exception:
-                    log.exception("resilient: listener %r raised", listener)
-                    continue
-                if is_async:
-                    yield result  # type: ignore[misc]
-
-    def _notify(self, events: list[BreakerTransition]) -> None:
-        for _ in self._deliver(events, awaiting=False):
-            pass  # pragma: no cover - nothing is yielded when not awaiting
-
-    async def _anotify(self, events: list[BreakerTransition]) -> None:
-        for pending in self._deliver(events, awaiting=True):
-            try:
-                await pending
-            except Exception:
-                log.exception("resilient: listener %r raised", pending)
-
-    def _sync_pin(self) -> None:
-        """
-        Keep the registry holding this breaker while it is not closed, and
-        let go once it is; read again if the state moved meanwhile.
-        """
-        from resilient._breaker._registry import REGISTRY  # noqa: PLC0415
-
-        while True:
-            m = self._m
-            epoch = m.epoch
-            busy = m.state is not _CLOSED
-            if busy:
-                REGISTRY.pin(self.name, self)
-            else:
-                REGISTRY.unpin(self.name, self)
-            self._pinned = busy
-            if self._m is m and m.epoch == epoch:
-                return
-
-    # Decorator: see `_calls`.
+    # Decorator: see `_calls` (``_call`` and ``_acall`` too).
 
     def __call__(self, fn: Callable[P, T], /) -> Callable[P, T]:
         """
@@ -614,47 +376,8 @@ class CircuitBreaker:
             ),
         )
 
-    def _call(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        permit: BreakerPermit | None = None,
-    ) -> Any:
-        """One call under *permit* (taken here when None)."""
-        if permit is None:
-            permit = self.acquire()
-        if permit.epoch == UNCOUNTED:
-            return fn(*args, **kwargs)
-        try:
-            result = fn(*args, **kwargs)
-        except BaseException as exc:
-            self._failed(permit.epoch, permit.start, permit.probe, permit, exc)
-            raise
-        self._settle(permit, SUCCESS)
-        return result
-
-    async def _acall(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        permit: BreakerPermit | None = None,
-    ) -> Any:
-        """`_call` from async code."""
-        if permit is None:
-            permit = await self.aacquire()
-        if permit.epoch == UNCOUNTED:
-            return await fn(*args, **kwargs)
-        try:
-            result = await fn(*args, **kwargs)
-        except BaseException as exc:
-            await self._afailed(
-                permit.epoch, permit.start, permit.probe, permit, exc
-            )
-            raise
-        await self._asettle(permit, SUCCESS)
-        return result
+    _call = call
+    _acall = acall
 
     # Context managers: see `_blocks`.
 
@@ -662,19 +385,3 @@ class CircuitBreaker:
     __aenter__ = aenter_block
     __exit__ = ExitSlot(exit_block)
     __aexit__ = ExitSlot(aexit_block)
-
-
-def attempt_outcome(
-    cb: CircuitBreaker, exc: BaseException | None, *, own_timeout: bool
-) -> Outcome:
-    """
-    How an attempt of the pipeline counts for its breaker: a success; a
-    `DeadlineExceeded` that was not the attempt's own timeout (the caller's
-    budget or deadline ran out, not the dependency) counts for nothing;
-    anything else as the breaker's configuration says.
-    """
-    if exc is None:
-        return SUCCESS
-    if isinstance(exc, DeadlineExceeded) and not own_timeout:
-        return IGNORE
-    return cb.config.outcome(exc)

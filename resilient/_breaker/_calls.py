@@ -24,15 +24,17 @@ guarded call. What is not hot is not twinned: a breaker
 that is not closed and does not simply reject goes to
 `CircuitBreaker._call` / ``_acall`` (admission under the lock, the
 listeners, the permit's settling), and the rare slow or failed call to the
-breaker's methods.
+breaker's methods. ``_call`` and ``_acall`` live here too (`call`,
+`acall`), bound in the breaker's class body.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from resilient._breaker._machine import _OPEN as OPEN
 from resilient._breaker._now import DEFAULT, monotonic
+from resilient._breaker._records import _OPEN as OPEN
+from resilient._breaker._records import SUCCESS, UNCOUNTED
 from resilient._core import _clock
 
 
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from resilient._breaker._breaker import CircuitBreaker
+    from resilient._breaker._records import BreakerPermit
 
 
 INBOX_LIMIT: Final = 256
@@ -138,3 +141,47 @@ def async_wrapper(
         return result
 
     return guarded
+
+
+def call(
+    self: CircuitBreaker,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    permit: BreakerPermit | None = None,
+) -> Any:
+    """One call under *permit* (taken here when None)."""
+    if permit is None:
+        permit = self.acquire()
+    if permit.epoch == UNCOUNTED:
+        return fn(*args, **kwargs)
+    try:
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        self._failed(permit.epoch, permit.start, permit.probe, permit, exc)
+        raise
+    self._settle(permit, SUCCESS)
+    return result
+
+
+async def acall(
+    self: CircuitBreaker,
+    fn: Callable[..., Awaitable[Any]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    permit: BreakerPermit | None = None,
+) -> Any:
+    """`_call` from async code."""
+    if permit is None:
+        permit = await self.aacquire()
+    if permit.epoch == UNCOUNTED:
+        return await fn(*args, **kwargs)
+    try:
+        result = await fn(*args, **kwargs)
+    except BaseException as exc:
+        await self._afailed(
+            permit.epoch, permit.start, permit.probe, permit, exc
+        )
+        raise
+    await self._asettle(permit, SUCCESS)
+    return result

@@ -1,223 +1,47 @@
 """
-The breaker's pure machine and the records it hands out.
+The breaker's pure machine: admission, settling and the snapshot.
 
 `_BreakerMachine` decides (admit, reject, open, close) from outcomes and the
 time it is handed; it never reads a clock, waits or calls out, and holds no
 lock: its shell (`CircuitBreaker`) calls it under its own. Every state
 change is appended to `outbox` for the shell to report once the lock is
 released.
+
+Its records (states, transitions, permits) live in `_records`, its state
+changes (opening, moving between states) in `_transitions`, its windows in
+`_windows`.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
 import math
 import weakref
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, final
+from typing import TYPE_CHECKING, Any, final
 
-import attrs
-
+from resilient._breaker._records import (
+    _CLOSED,
+    _FORCED_OPEN,
+    _HALF_OPEN,
+    _OPEN,
+    FAILURE,
+    IGNORE,
+    BreakerPermit,
+    BreakerStatistics,
+    Reject,
+)
+from resilient._breaker._transitions import (
+    move,
+    next_interval,
+    reopen,
+    trip,
+)
 from resilient._breaker._windows import SLOW, CountRing, TimeRing
-from resilient._core._config_breaker import BreakerConfig, CountWindow, Outcome
+from resilient._core._config_breaker import BreakerConfig, CountWindow
 
 
 if TYPE_CHECKING:
-    from resilient._breaker._breaker import CircuitBreaker
-
-
-class BreakerState(enum.Enum):
-    """
-    Where a circuit breaker stands.
-
-    .. versionadded:: 26.11.0
-    """
-
-    CLOSED = "closed"
-    """Calls run; outcomes fill the window."""
-    OPEN = "open"
-    """Calls are rejected until the open interval has passed."""
-    HALF_OPEN = "half_open"
-    """A few probes run; their outcome closes or re-opens the breaker."""
-    FORCED_OPEN = "forced_open"
-    """Opened by `CircuitBreaker.force_open`; rejects until `reset`."""
-
-
-_CLOSED: Final = BreakerState.CLOSED
-_OPEN: Final = BreakerState.OPEN
-_HALF_OPEN: Final = BreakerState.HALF_OPEN
-_FORCED_OPEN: Final = BreakerState.FORCED_OPEN
-
-SUCCESS: Final = Outcome.SUCCESS
-FAILURE: Final = Outcome.FAILURE
-IGNORE: Final = Outcome.IGNORE
-
-UNCOUNTED: Final = -1
-"""The epoch of a metrics-only breaker's permit for a call it would have
-rejected: no epoch matches it, so the call counts for nothing."""
-
-_VERDICTS: Final = {o.verdict: o for o in Outcome}
-"""Verdict names to outcomes, for callers that still hold a name."""
-
-Gate: TypeAlias = "tuple[int, collections.deque[float]]"
-"""A closed epoch and its inbox of successes' end times."""
-
-TransitionReason = Literal[
-    "failure_rate",
-    "slow_call_rate",
-    "open_interval_passed",
-    "probe_failed",
-    "probe_timeout",
-    "probes_succeeded",
-    "forced",
-    "reset",
-]
-"""Why a breaker changed state."""
-
-
-@final
-@attrs.frozen
-class BreakerTransition:
-    """
-    A state change, as listeners and telemetry see it.
-
-    Attributes:
-        name: The breaker's name.
-        old: The state before.
-        new: The state after.
-        reason: Why it changed.
-        at: When, on resilient's clock (monotonic seconds).
-        retry_after: Seconds from *at* until the breaker admits a probe: 0
-            unless *new* is open, `math.inf` when forced open.
-        opened_by: When *new* is open, the exception of the call that
-            opened it (as `CircuitOpen.opened_by` holds it: a copy without
-            its traceback); None otherwise, and when the call raised
-            nothing (a slow call, a stuck probe, a forced opening).
-
-    .. versionadded:: 26.11.0
-    .. versionchanged:: 26.12.0
-       *opened_by*.
-    """
-
-    name: str
-    old: BreakerState
-    new: BreakerState
-    reason: TransitionReason
-    at: float
-    retry_after: float
-    opened_by: BaseException | None = None
-
-
-@final
-@attrs.frozen
-class BreakerStatistics:
-    """
-    A snapshot of one breaker, immutable.
-
-    Attributes:
-        name: The breaker's name.
-        state: Its state when the snapshot was taken.
-        calls: Calls in the window (ignored ones are not counted).
-        failures: Failed calls in the window.
-        slow_calls: Slow calls in the window.
-        failure_rate: ``failures / calls``, 0.0 when the window is empty.
-        slow_call_rate: ``slow_calls / calls``, 0.0 when empty.
-        probes_in_flight: Half-open probes admitted and not yet settled.
-        retry_after: Seconds until a call would be admitted (0 when one
-            would be now).
-        times_opened: How often it opened since it was made.
-        rejected: How many calls it rejected since it was made.
-
-    .. versionadded:: 26.11.0
-    """
-
-    name: str
-    state: BreakerState
-    calls: int
-    failures: int
-    slow_calls: int
-    failure_rate: float
-    slow_call_rate: float
-    probes_in_flight: int
-    retry_after: float
-    times_opened: int
-    rejected: int
-
-
-@final
-@attrs.frozen
-class Reject:
-    """The machine's refusal: no call now; a probe in *retry_after* s."""
-
-    retry_after: float
-    state: BreakerState
-
-
-@final
-class BreakerPermit:
-    """
-    Leave to make one call through a breaker; settle it exactly once.
-
-    Call `success`, `failure` or `ignore` when the call ends (the ``a``
-    twins from async code, so that async listeners are awaited). A second
-    settlement is a no-op. A permit is for one caller: do not share it.
-    A half-open probe's permit that is dropped unsettled (an exception
-    landed between taking it and settling it) gives its slot back.
-
-    .. versionadded:: 26.11.0
-    """
-
-    __slots__ = ("__weakref__", "_breaker", "_done", "epoch", "probe", "start")
-
-    def __init__(
-        self, breaker: CircuitBreaker, epoch: int, start: float, probe: int
-    ) -> None:
-        self._breaker = breaker
-        self._done = False
-        self.epoch = epoch
-        self.start = start
-        """When the permit was granted, on resilient's clock (0.0 for a
-        closed breaker that does not time calls)."""
-        self.probe = probe
-        """The probe's number while half-open; 0 for an ordinary call."""
-
-    def __repr__(self) -> str:
-        kind = f"probe {self.probe}" if self.probe else "call"
-        done = "settled" if self._done else "open"
-        return f"<BreakerPermit {kind} of {self._breaker.name!r}, {done}>"
-
-    def success(self) -> None:
-        """The call succeeded."""
-        self._breaker._settle(self, SUCCESS)  # noqa: SLF001
-
-    def failure(self, exc: BaseException) -> None:
-        """
-        The call raised *exc*: a failure, a success or nothing, as the
-        breaker's `BreakerConfig.failure_on` and *ignore_on* say.
-        Cancellation, `KeyboardInterrupt` and `SystemExit` never count.
-        """
-        cb = self._breaker
-        cb._settle(self, cb.config.outcome(exc), exc)  # noqa: SLF001
-
-    def ignore(self) -> None:
-        """
-        Release without counting (the call was not the dependency's fault:
-        a full bulkhead, the caller's own cancellation).
-        """
-        self._breaker._settle(self, IGNORE)  # noqa: SLF001
-
-    async def asuccess(self) -> None:
-        """`success`, awaiting async listeners."""
-        await self._breaker._asettle(self, SUCCESS)  # noqa: SLF001
-
-    async def afailure(self, exc: BaseException) -> None:
-        """`failure`, awaiting async listeners."""
-        cb = self._breaker
-        await cb._asettle(self, cb.config.outcome(exc), exc)  # noqa: SLF001
-
-    async def aignore(self) -> None:
-        """`ignore`, awaiting async listeners."""
-        await self._breaker._asettle(self, IGNORE)  # noqa: SLF001
+    from resilient._breaker._records import BreakerTransition, Gate
 
 
 @final
@@ -546,105 +370,9 @@ class _BreakerMachine:
             rejected=self.rejected,
         )
 
-    def _next_interval(self) -> float:
-        """The open interval of a re-opening from half-open."""
-        c = self.config
-        return min(self.interval * c.open_interval_growth, c.max_open_interval)
+    # State changes: see `_transitions`.
 
-    def _reopen(self, now: float) -> None:
-        """The clock reads earlier than the opening: open from *now*."""
-        self.opened_at = now
-        self.open_until = now + self.interval
-
-    def _trip(
-        self,
-        reason: TransitionReason,
-        now: float,
-        exc: BaseException | None,
-    ) -> BreakerTransition:
-        interval = (
-            self._next_interval()
-            if self.state is _HALF_OPEN
-            else self.interval
-        )
-        opened_by = None if exc is None else detached(exc)
-        return self._move(_OPEN, reason, now, interval, opened_by)
-
-    def _move(
-        self,
-        new: BreakerState,
-        reason: TransitionReason,
-        now: float,
-        interval: float = 0.0,
-        opened_by: BaseException | None = None,
-    ) -> BreakerTransition:
-        """
-        Change state (to open for *interval* seconds, opened by
-        *opened_by*, when *new* is open) and report it in `outbox`.
-
-        Everything that calls out (the new inbox, the event, the window's
-        clearing) comes first, then the commit: plain stores, and the
-        event's append (a call that ends it). An asynchronous exception
-        lands before the change or after it and its report, never halfway
-        (it could leave an opening counted in `times_opened` with the
-        breaker still closed, or a change nobody heard of).
-        """
-        old = self.state
-        epoch = self.epoch + 1
-        closing = new is _CLOSED
-        gate: Gate | None = (epoch, collections.deque()) if closing else None
-        if new is _OPEN:
-            retry_after = interval
-        else:  # Half-open still names the failure that opened it.
-            opened_by = self.opened_by if new is _HALF_OPEN else None
-            interval = self.config.open_interval if closing else self.interval
-            retry_after = math.inf if new is _FORCED_OPEN else 0.0
-        event = BreakerTransition(
-            self.name,
-            old,
-            new,
-            reason,
-            now,
-            retry_after,
-            opened_by if new is _OPEN else None,
-        )
-        if closing:
-            self.window.clear()  # Early is harmless: nobody reads it.
-        opened = 1 if new is _OPEN or new is _FORCED_OPEN else 0
-        outbox = self.outbox
-        self.successes = 0
-        self.probes = {}
-        self._holders = {}
-        self.interval = interval
-        self.opened_by = opened_by
-        if new is _OPEN:
-            self.opened_at = now
-            self.open_until = now + interval
-        self.times_opened += opened
-        self.state = new
-        self.epoch = epoch
-        self.gate = gate
-        outbox.append(event)
-        return event
-
-
-def detached(exc: BaseException) -> BaseException:
-    """
-    A copy of *exc* without its traceback, cause or context: its class,
-    ``args``, attributes and notes, made without calling ``__init__`` (so
-    that classes with keyword-only arguments copy too), the leaves of a
-    group likewise. What an open breaker keeps of the failure that opened
-    it, so that it keeps no frames (and their locals) alive. An exception
-    that cannot be copied that way is kept as it is.
-    """
-    try:
-        if isinstance(exc, BaseExceptionGroup):
-            copy = exc.derive([detached(e) for e in exc.exceptions])
-        else:
-            cls: Any = type(exc)
-            copy = cls.__new__(cls, *exc.args)
-            copy.args = exc.args
-        copy.__dict__.update(exc.__dict__)
-    except Exception:  # noqa: BLE001 - an exotic __new__ or __dict__
-        return exc
-    return copy
+    _next_interval = next_interval
+    _reopen = reopen
+    _trip = trip
+    _move = move

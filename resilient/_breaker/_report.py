@@ -20,7 +20,7 @@ from resilient._core._telemetry import (
 if TYPE_CHECKING:
     from opentelemetry.metrics import Counter, Meter
 
-    from resilient._breaker._machine import BreakerState, BreakerTransition
+    from resilient._breaker._records import BreakerState, BreakerTransition
 
 
 @final

@@ -32,7 +32,7 @@ from resilient.exceptions import BulkheadFull, CircuitOpen, Rejected
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from resilient._breaker._machine import BreakerTransition
+    from resilient._breaker._records import BreakerTransition
     from resilient._core._decisions import RetryEvent
 
 

@@ -64,6 +64,8 @@ _TRANSPORT: Final = frozenset(
         ("psycopg2", "OperationalError"),
         ("asyncpg", "PostgresConnectionError"),
         ("asyncpg", "ConnectionDoesNotExistError"),
+        # asyncpg's other server errors: judged by their SQLSTATE alone.
+        ("asyncpg", "PostgresError"),
     }
 )
 
@@ -78,6 +80,7 @@ _NEVER: Final = frozenset(
         ("aiohttp", "ClientSSLError"),
         ("aiohttp", "ClientConnectorCertificateError"),
         ("aiohttp", "InvalidURL"),
+        ("aiohttp", "ServerFingerprintMismatch"),
         ("redis", "AuthenticationError"),
         ("redis", "AuthorizationError"),
         ("redis", "AuthenticationWrongNumberOfArgsError"),
@@ -86,6 +89,19 @@ _NEVER: Final = frozenset(
 )
 
 _BUILTIN: Final = (ConnectionError, TimeoutError, http.client.IncompleteRead)
+
+# Errors that wrap the one that ended them in ``reason``: urllib3's
+# MaxRetryError, and urllib.request's URLError (a refused connection is
+# URLError(reason=ConnectionRefusedError); its HTTPError subclass has a text
+# reason and is judged by its status).
+_WRAPPERS: Final = frozenset(
+    {("urllib3", "MaxRetryError"), ("urllib", "URLError")}
+)
+
+# What a client's error was caused by when a TLS certificate failed
+# verification: httpx raises ConnectError from httpcore's ConnectError from
+# this one.
+_CERTIFICATE: Final = ("ssl", "SSLCertVerificationError")
 
 # Errors raised before a request left the client: retrying them cannot
 # repeat a side effect, whatever the method.
@@ -139,6 +155,13 @@ _NO: Final = 0
 _TRANSPORT_ERROR: Final = 1
 _SQL: Final = 2
 _WRAPPER: Final = 3
+_RESPONSE: Final = 4
+"""aiohttp's ClientResponseError: a status error, or the server breaking
+HTTP (status 400 made up by the client, raised from the parser's
+HttpProcessingError)."""
+
+_AIOHTTP_RESPONSE: Final = ("aiohttp", "ClientResponseError")
+_AIOHTTP_PROTOCOL: Final = ("aiohttp", "HttpProcessingError")
 
 
 def _kind(cls: type) -> int:
@@ -149,10 +172,12 @@ def _kind(cls: type) -> int:
     keys = _keys(cls)
     if keys & _NEVER:
         kind = _NO
-    elif ("urllib3", "MaxRetryError") in keys:
+    elif keys & _WRAPPERS:
         kind = _WRAPPER
     elif keys & _TRANSPORT:
         kind = _SQL if _is_sql_driver(keys) else _TRANSPORT_ERROR
+    elif _AIOHTTP_RESPONSE in keys:
+        kind = _RESPONSE
     elif issubclass(cls, _BUILTIN):
         kind = _TRANSPORT_ERROR
     else:
@@ -201,6 +226,26 @@ def http_status(obj: object) -> int | None:
 
 def _keys(cls: type) -> set[tuple[str, str]]:
     return {(c.__module__.partition(".")[0], c.__name__) for c in cls.__mro__}
+
+
+def _certificate_failure(exc: BaseException) -> bool:
+    """Whether a client's error was caused, a few links down its chain, by
+    a certificate that failed verification (httpx's ConnectError is)."""
+    seen = exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if seen is None:
+            return False
+        if _CERTIFICATE in _keys(type(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _aiohttp_protocol_error(exc: BaseException) -> bool:
+    """Whether an aiohttp ClientResponseError stands for the server
+    breaking HTTP (raised from the parser's HttpProcessingError)."""
+    cause = exc.__cause__
+    return cause is not None and _AIOHTTP_PROTOCOL in _keys(type(cause))
 
 
 def _request_of(obj: object) -> tuple[str, Any] | None:
@@ -373,19 +418,35 @@ class _Classifier:
             return False
         if self.also and isinstance(exc, self.also):
             return True
-        kind = _kind(type(exc))
+        cls = type(exc)
+        kind = _kind(cls)
         if kind == _TRANSPORT_ERROR:
-            return True
+            # A client's own class raised for an untrusted certificate is
+            # not transient. (Built-in classes are not asked: their verdict
+            # is cached per type.)
+            return cls.__module__ == "builtins" or not _certificate_failure(
+                exc
+            )
         if kind == _SQL:
             code = _sqlstate(exc)
             return (
                 code is None or code[:2] == "08" or code in self._sql_codes()
             )
-        if kind == _WRAPPER:
-            reason = getattr(exc, "reason", None)
-            return isinstance(reason, Exception) and self(reason)
+        if kind >= _WRAPPER:
+            inner = self._wrapped(exc, kind)
+            if inner is not None:
+                return inner
         status = http_status(exc)
         return status is not None and status in self.statuses
+
+    def _wrapped(self, exc: Exception, kind: int) -> bool | None:
+        """The verdict on the error *exc* stands for, if it stands for
+        one: the reason of a wrapper, the protocol error behind aiohttp's
+        made-up 400 (transient, as httpx's and requests' are)."""
+        if kind == _WRAPPER:
+            reason = getattr(exc, "reason", None)
+            return self(reason) if isinstance(reason, Exception) else None
+        return True if _aiohttp_protocol_error(exc) else None
 
 
 @final
@@ -403,12 +464,16 @@ class Transient(_Classifier):
     replica, cluster down); PostgreSQL connection errors and the SQLSTATEs
     of class 08, serialization failures and deadlocks, shutdowns and
     statement timeouts; HTTP status errors whose status is in *statuses*.
-    Never transient: certificate, URL and authentication errors, and
-    anything that is not an `Exception`. An exception group is transient
-    when every leaf is.
+    ``urllib.request``'s `URLError` is judged by the error it wraps.
+    Never transient: certificate, URL and authentication errors (httpx's
+    `ConnectError` too when a certificate that failed verification caused
+    it), and anything that is not an `Exception`. An exception group is
+    transient when every leaf is.
 
     A request that is not idempotent is never repeated by accident: when
-    the error carries its HTTP request (httpx, requests, aiohttp do) and
+    the error carries its HTTP request (httpx's and requests' errors do,
+    and aiohttp's status errors; aiohttp's connection errors and timeouts
+    do not, so send a key on those requests yourself) and
     the method is not in *idempotent_methods* (POST, PATCH) and the request
     has no *idempotency_header*, the error is transient only if the request
     never left the client (a refused connection, a connect or pool

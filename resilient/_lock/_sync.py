@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from resilient._backends import LockBackend, LockKey, OwnerToken
-    from resilient._backends._sqlite._files import Waiter
+    from resilient._backends._sqlite._waiter import Waiter
     from resilient._lock._config import LockConfig
     from resilient._lock._hold import Hold
     from resilient._lock._lease import Lease

@@ -23,6 +23,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+from resilient._core._transient import every_leaf
 from resilient._retry._machine import WrongShell
 
 
@@ -34,9 +35,22 @@ log: Final = logging.getLogger("resilient")
 
 
 def falls_back(policy: RetrySettings, exc: BaseException) -> bool:
-    """Whether *policy*'s fallback takes over from *exc*."""
+    """
+    Whether *policy*'s fallback takes over from *exc*: *fallback_on*
+    accepts it, or it is an exception group (an error inside a task group)
+    and *fallback_on* accepts every leaf, the rule of *retry_on*.
+    """
     if not isinstance(exc, Exception) or isinstance(exc, WrongShell):
         return False
+    if _handles(policy, exc):
+        return True
+    return isinstance(exc, ExceptionGroup) and every_leaf(
+        exc,
+        lambda leaf: isinstance(leaf, Exception) and _handles(policy, leaf),
+    )
+
+
+def _handles(policy: RetrySettings, exc: Exception) -> bool:
     handles = policy.fallback_on
     if isinstance(handles, tuple):
         return isinstance(exc, handles)

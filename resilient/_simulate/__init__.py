@@ -4,7 +4,9 @@ The retry simulator: many clients, one dependency that goes down.
 Its parts, each a module:
 
 - `_config`: what to simulate (`SimulationConfig`, `make_policy`...);
-- `_cli`: the command line's options, in one table;
+- `_options`: the command line's options, in one table; `_parser`, the
+  argparse parser made from it; `_cli`, the arguments read into a
+  simulation and written back;
 - `_engine`: the discrete-event run in virtual time (`simulate`);
 - `_result`: what it measured (`SimulationResult`, `Summary`);
 - `_diagnose`: what the figures say to change in the policy;

@@ -6,7 +6,7 @@ from typing import final
 
 import httpx
 
-from resilient.http._keys import _HEADER, needs_key
+from resilient.http._keys import _HEADER, check_header, needs_key
 
 
 @final
@@ -14,20 +14,26 @@ class IdempotencyKeyTransport(httpx.BaseTransport):
     """
     An httpx transport that adds the current idempotency key (see
     `resilient.http.idempotent`) to every non-idempotent request without
-    one, then sends it through *inner* (a plain `httpx.HTTPTransport` by
-    default).
+    one, under *header*, then sends it through *inner* (a plain
+    `httpx.HTTPTransport` by default).
 
     .. versionadded:: 26.12.0
     """
 
-    def __init__(self, inner: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        inner: httpx.BaseTransport | None = None,
+        *,
+        header: str = _HEADER,
+    ) -> None:
+        self._header = check_header(header)
         self._inner = inner if inner is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Add the key if needed; send."""
-        key = needs_key(request.method, request.headers)
+        key = needs_key(request.method, request.headers, header=self._header)
         if key is not None:
-            request.headers[_HEADER] = key
+            request.headers[self._header] = key
         return self._inner.handle_request(request)
 
     def close(self) -> None:
@@ -43,7 +49,13 @@ class AsyncIdempotencyKeyTransport(httpx.AsyncBaseTransport):
     .. versionadded:: 26.12.0
     """
 
-    def __init__(self, inner: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport | None = None,
+        *,
+        header: str = _HEADER,
+    ) -> None:
+        self._header = check_header(header)
         self._inner = (
             inner if inner is not None else httpx.AsyncHTTPTransport()
         )
@@ -52,9 +64,9 @@ class AsyncIdempotencyKeyTransport(httpx.AsyncBaseTransport):
         self, request: httpx.Request
     ) -> httpx.Response:
         """Add the key if needed; send."""
-        key = needs_key(request.method, request.headers)
+        key = needs_key(request.method, request.headers, header=self._header)
         if key is not None:
-            request.headers[_HEADER] = key
+            request.headers[self._header] = key
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:

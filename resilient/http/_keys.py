@@ -6,15 +6,25 @@ import contextlib
 import contextvars
 import functools
 import uuid
-from typing import TYPE_CHECKING, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
 
-from resilient._core._decorate import is_async_callable, keep_defaults
+from resilient._core._decorate import (
+    is_async_callable,
+    keep_defaults,
+    stream_kind,
+)
 from resilient._core._transient import IDEMPOTENT_METHODS
 from resilient.exceptions import ConfigTypeError
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import (
+        AsyncGenerator,
+        Callable,
+        Generator,
+        Iterator,
+        Mapping,
+    )
 
 
 P = ParamSpec("P")
@@ -83,8 +93,17 @@ def idempotent(fn: Callable[P, T], /) -> Callable[P, T]:
     of its own: put it outside the policy that retries, so that all the
     attempts of a call share the key and the next call gets a new one.
 
+    A generator or async generator function (a streamed request) keeps its
+    call's key for the stream's whole life: every step of the stream runs
+    under it, and only it (streams consumed in turns keep their own keys).
+
     .. versionadded:: 26.12.0
     """
+    kind = stream_kind(fn)
+    if kind is not None:
+        wrapper = _sync_stream(fn) if kind == "sync" else _async_stream(fn)
+        keep_defaults(wrapper, fn)
+        return wrapper
     if is_async_callable(fn):
 
         @functools.wraps(fn)
@@ -104,16 +123,118 @@ def idempotent(fn: Callable[P, T], /) -> Callable[P, T]:
     return call
 
 
-def needs_key(method: str, headers: Mapping[str, str] | None) -> str | None:
+def _call_key() -> str:
+    """The key for a new logical call: the enclosing block's, or new."""
+    current = _KEY.get()
+    return current if current is not None else str(uuid.uuid4())
+
+
+def _sync_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def stream(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
+        key = _call_key()
+        token = _KEY.set(key)
+        try:
+            inner = fn(*args, **kwargs)
+        finally:
+            _KEY.reset(token)
+        try:
+            sent: Any = None
+            thrown: BaseException | None = None
+            while True:
+                # Each step of the stream under the key, and nothing of
+                # the consumer's between steps.
+                token = _KEY.set(key)
+                try:
+                    if thrown is not None:
+                        item = inner.throw(thrown)
+                    else:
+                        item = inner.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    thrown = None
+                    _KEY.reset(token)
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - thrown in
+                    thrown, sent = exc, None
+        finally:
+            token = _KEY.set(key)
+            try:
+                inner.close()
+            finally:
+                _KEY.reset(token)
+
+    return stream
+
+
+def _async_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    async def stream(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
+        key = _call_key()
+        token = _KEY.set(key)
+        try:
+            inner = fn(*args, **kwargs)
+        finally:
+            _KEY.reset(token)
+        try:
+            sent: Any = None
+            thrown: BaseException | None = None
+            while True:
+                token = _KEY.set(key)
+                try:
+                    if thrown is not None:
+                        item = await inner.athrow(thrown)
+                    else:
+                        item = await inner.asend(sent)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    thrown = None
+                    _KEY.reset(token)
+                try:
+                    sent = yield item
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:  # noqa: BLE001 - thrown in
+                    thrown, sent = exc, None
+        finally:
+            token = _KEY.set(key)
+            try:
+                await inner.aclose()
+            finally:
+                _KEY.reset(token)
+
+    return stream
+
+
+def needs_key(
+    method: str,
+    headers: Mapping[str, str] | None,
+    *,
+    header: str = _HEADER,
+) -> str | None:
     """
     The key to add to a request with *method* and *headers*: the current
-    key when the method is not idempotent and the request has none.
+    key when the method is not idempotent and the request has none under
+    *header* (``Idempotency-Key`` by default; give the name your server
+    reads, and the same to `resilient.Transient`'s *idempotency_header*).
     """
     if method.upper() in IDEMPOTENT_METHODS:
         return None
     key = _KEY.get()
     if key is None:
         return None
-    if headers is not None and headers.get(_HEADER):
+    if headers is not None and headers.get(header):
         return None
     return key
+
+
+def check_header(header: object) -> str:
+    """*header*, if it is a header name."""
+    if not isinstance(header, str) or not header.strip():
+        raise ConfigTypeError("header", header, "must be a header name")
+    return header

@@ -7,9 +7,9 @@ its fencing token in one UPSERT statement (`._schema`); the lease's expiry
 is on the host's monotonic clock (``CLOCK_MONOTONIC``, one clock for every
 process of one boot), stored with the boot id so that a reboot expires
 every lease. Beside the row, a holder keeps ``flock(LOCK_EX)`` on a file per
-name, which wakes waiters and proves a dead holder gone (`._files`: also
-how a release wakes a waiting thread with one wake-up). `._store` has the
-sync store and its async twin.
+name, which wakes waiters and proves a dead holder gone (`._files`;
+`._waiter` is how a release wakes a waiting thread with one wake-up).
+`._store` has the sync store and its async twin.
 
 URL: ``sqlite:///relative/path`` or ``sqlite:////absolute/path`` (as in
 SQLAlchemy), with ``?synchronous=full`` to fsync every grant (power-loss

@@ -1,7 +1,8 @@
 """
 The embedded lease store: the row of a lease grants it and mints its
 fencing token (`resilient._backends._sqlite._schema`), the flock beside it
-wakes waiters and proves death (`resilient._backends._sqlite._files`).
+wakes waiters and proves death (`resilient._backends._sqlite._files`, and
+`._waiter` for a sync waiter).
 
 A release marks the row free (``expires_ns = 0``, one ``UPDATE`` on the
 primary key) instead of deleting it: the next grant of the name reuses the
@@ -28,7 +29,7 @@ from resilient._backends._base import (
     ReleaseResult,
     Renewal,
 )
-from resilient._backends._sqlite._files import LockFiles, Waiter
+from resilient._backends._sqlite._files import LockFiles
 from resilient._backends._sqlite._schema import (
     ACQUIRE,
     BUSY_TIMEOUT,
@@ -46,6 +47,8 @@ from resilient._backends._sqlite._schema import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from resilient._backends._sqlite._waiter import Waiter
 
 
 # This process's id, kept by an at-fork hook (a hold does not ask the OS).

@@ -1,17 +1,15 @@
 """
-The face of retry: `Policy`, one frozen description of how to call a
-dependency, and the ways to apply it (`retry`, ``@policy``, `Policy.call`,
-`Policy.acall`, `retrying`).
+`Policy`: one frozen, validated description of how to call a dependency,
+with its variants (`Policy.evolve`, typed by `PolicyChanges`), its repr, and
+its one-call forms (`Policy.call`, `Policy.acall`).
 
 A `Policy` is plain data. The stateful parts a policy names (breakers,
 bulkheads, retry budgets) live in registries keyed by the policy's name.
-What runs a call is `resilient._pipeline`, which reads a policy through the
-`RetrySettings` protocol and never imports this module.
+``@policy`` is `retry` (`._apply`).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Awaitable, Callable
 from typing import (
     TYPE_CHECKING,
@@ -31,11 +29,7 @@ from resilient._core._backoff import FullJitter
 from resilient._core._config_breaker import BreakerConfig
 from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
-from resilient._core._decorate import (
-    decorate,
-    is_async_callable,
-    stream_kind,
-)
+from resilient._core._decorate import is_async_callable, stream_kind
 from resilient._core._hints import default_retry_after
 from resilient._core._policy_checks import (
     UNNAMED,
@@ -58,19 +52,16 @@ from resilient._core._validate import (
     to_exception_classes,
     to_seconds,
 )
-from resilient._pipeline._block import _Attempts
 from resilient._pipeline._guards import Guards
-from resilient._pipeline._run import call_async, call_sync, shells
+from resilient._pipeline._run import call_async, call_sync
 from resilient._pipeline._stream import policy_streams
-from resilient._retry._machine import WrongShell
-from resilient.exceptions import ConfigError, ConfigTypeError
+from resilient._policy._colour import awaiting, refuse_async_hooks
+from resilient.exceptions import ConfigError
 
 
 if TYPE_CHECKING:
     import datetime as dt
-    from collections.abc import AsyncIterator, Iterator
 
-    from resilient._pipeline._block import Attempt
     from resilient.typing import (
         AsyncHook,
         Backoff,
@@ -297,6 +288,8 @@ class Policy:
         """
         Apply the whole policy to *fn* (sync or async): ``@policy``.
         """
+        from resilient._policy._apply import retry  # noqa: PLC0415 - it imports Policy
+
         return retry(self)(fn)
 
     def _call_guards(self) -> Guards | None:
@@ -338,7 +331,7 @@ class Policy:
             stream = policy_streams(self, self._call_guards())(fn, True)
             return stream(*args, **kwargs)  # type: ignore[no-any-return]
         if self._async_hooks or self._async_fallback:
-            _refuse_async_hooks(self)(fn)
+            refuse_async_hooks(self)(fn)
         if kind == "sync":
             stream = policy_streams(self, self._call_guards())(fn, False)
             return stream(*args, **kwargs)  # type: ignore[no-any-return]
@@ -368,7 +361,7 @@ class Policy:
                 "...)` (or decorate it) instead of awaiting policy.acall()"
             )
         if not is_async_callable(fn):
-            fn = _awaiting(fn)
+            fn = awaiting(fn)
         return await call_async(self, self._call_guards(), fn, args, kwargs)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
@@ -429,161 +422,3 @@ def _default(a: attrs.Attribute[Any]) -> object:
 _DEFAULTS: dict[str, object] = {
     a.name: _default(a) for a in attrs.fields(Policy) if a.init
 }
-
-
-def _awaiting(fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-    """*fn* (not a coroutine function) for `Policy.acall`: what it returns
-    must be awaitable (a lambda or partial that makes a coroutine is)."""
-
-    async def call(*args: Any, **kwargs: Any) -> Any:
-        result = fn(*args, **kwargs)
-        if not inspect.isawaitable(result):
-            raise WrongShell(
-                f"{fn!r} is sync (it returned {type(result).__name__}, "
-                "not an awaitable): call it with policy.call(fn, ...), "
-                "not `await policy.acall(fn, ...)`"
-            )
-        return await result
-
-    return call
-
-
-def _refuse_async_hooks(
-    policy: Policy,
-) -> Callable[[Callable[..., Any]], None]:
-    def check(fn: Callable[..., Any]) -> None:
-        if policy._async_fallback:  # noqa: SLF001 - the policy's own module
-            raise ConfigTypeError(
-                "Policy.fallback",
-                policy.fallback,
-                f"of policy {policy.name!r} is async, which a sync function "
-                f"({fn!r}) cannot await",
-            )
-        if policy.has_async_hooks:
-            raise ConfigTypeError(
-                "Policy.before_sleep/on_give_up",
-                fn,
-                f"of policy {policy.name!r} are async, which a sync "
-                "function cannot await",
-            )
-
-    return check
-
-
-def retry(policy: Policy, /) -> Callable[[Callable[_P, _T]], Callable[_P, _T]]:
-    """
-    A decorator that retries a function as *policy* says.
-
-    Works on sync and async functions (detected from the function), methods,
-    class methods and static methods, and keeps their signatures.
-
-    A generator function or async generator function is a stream, guarded
-    from its first item to its end: retried only before its first item,
-    its breaker permit and bulkhead slot held until it ends (see the
-    Streams guide).
-
-    Gives up by re-raising the last exception itself, with a note of the
-    attempts, elapsed time and policy name; when retrying on a result
-    stops, returns that last result (or raises
-    `resilient.exceptions.GaveUpOnResult` when the policy's *last_result*
-    is ``"raise"``).
-
-    Args:
-        policy: What to retry, how often, how long to wait.
-
-    Raises:
-        ConfigTypeError: *policy* is not a `Policy`, or it has async hooks
-            (an ``async def`` hook or an object with an ``async def
-            __call__``) and the function is sync.
-
-    Example:
-        >>> import resilient
-        >>> @resilient.retry(resilient.Policy(name="flaky", attempts=3))
-        ... def fetch() -> str:
-        ...     return "ok"
-        >>> fetch()
-        'ok'
-
-    .. versionadded:: 26.11.0
-    """
-    if not isinstance(policy, Policy):
-        raise ConfigTypeError(
-            "retry(policy)", policy, "must be a resilient.Policy"
-        )
-    # The guards are looked up once here, not on every call.
-    guards = Guards.of(policy)
-    sync_shell, async_shell = shells(policy, guards)
-
-    def decorator(fn: Callable[_P, _T]) -> Callable[_P, _T]:
-        return decorate(
-            fn,
-            sync_shell,
-            async_shell,
-            check_sync=_refuse_async_hooks(policy),
-            stream=policy_streams(policy, guards),
-        )
-
-    return decorator
-
-
-@final
-class Retrying:
-    """
-    The block form of retry, for code that is not a function.
-
-    Iterate it with ``for`` in sync code and ``async for`` in async code; each
-    item is an `Attempt` to enter around the code::
-
-        for attempt in resilient.retrying(policy):
-            with attempt:
-                response = client.get(url)
-
-        async for attempt in resilient.retrying(policy):
-            async with attempt:
-                response = await client.get(url)
-
-    Same semantics as `retry`. Each iteration starts a fresh call, so one
-    `Retrying` can be iterated many times.
-
-    .. versionadded:: 26.11.0
-    """
-
-    __slots__ = ("_guards", "policy")
-
-    def __init__(self, policy: Policy, /) -> None:
-        if not isinstance(policy, Policy):
-            raise ConfigTypeError(
-                "retrying(policy)", policy, "must be a resilient.Policy"
-            )
-        self.policy = policy
-        self._guards = Guards.of(policy)
-
-    def __repr__(self) -> str:
-        return f"retrying({self.policy!r})"
-
-    def _refuse_fallback(self) -> None:
-        if self.policy.fallback is not None:
-            raise ConfigTypeError(
-                "Policy.fallback",
-                self.policy.fallback,
-                f"of policy {self.policy.name!r} is not supported by the "
-                "block form (retrying): a block cannot return the "
-                "fallback's value; decorate a function or use policy.call",
-            )
-
-    def __iter__(self) -> Iterator[Attempt]:
-        self._refuse_fallback()
-        if self.policy.has_async_hooks:
-            raise ConfigTypeError(
-                "Policy.before_sleep/on_give_up",
-                self.policy,
-                "are async, which a sync `for` loop cannot await",
-            )
-        return _Attempts(self.policy, self._guards, is_async=False)
-
-    def __aiter__(self) -> AsyncIterator[Attempt]:
-        self._refuse_fallback()
-        return _Attempts(self.policy, self._guards, is_async=True)
-
-
-retrying = Retrying
