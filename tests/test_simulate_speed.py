@@ -185,3 +185,29 @@ class TestTheEngine:
         attempts = run.calls().attempts
         assert sum(attempts) >= len(attempts)
         assert max(attempts) == config.policy.attempts
+
+
+class TestTheSummary:
+    def test_latencies_are_the_succeeded_calls_durations(self) -> None:
+        """
+        The latencies, taken by C iterators over the columns, are the
+        durations of the calls that succeeded, in call order; a succeeded
+        call with no end (which the engine never makes) is left out, as
+        the loop over the calls left it.
+        """
+        from resilient._simulate._result import Calls, _latencies
+
+        calls = Calls(
+            [0.0, 1.0, 2.0, 3.0],
+            [0.5, 4.0, None, 3.25],
+            [1, 3, 2, 1],
+            [None, "attempts", "unfinished", None],
+        )
+        assert _latencies(calls) == [0.5, 0.25]
+        gap = Calls(
+            [0.0, 1.0, 2.0],
+            [None, 1.5, 2.5],
+            [1, 1, 1],
+            [None, None, "budget"],
+        )
+        assert _latencies(gap) == [0.5]

@@ -6,7 +6,9 @@ policy wants.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Final, final, overload
@@ -314,6 +316,26 @@ def percentile(ordered: Sequence[float], p: float) -> float:
     return ordered[rank - 1]
 
 
+def _latencies(calls: Calls) -> list[float]:
+    """
+    How long each call that succeeded took, in call order: by C iterators
+    over the columns (a million calls), but for a column of ends with a
+    gap where a call succeeded, which the engine never makes.
+    """
+    succeeded = list(map(operator.is_, calls.reasons, itertools.repeat(None)))
+    ends = list(itertools.compress(calls.ends, succeeded))
+    if None not in ends:
+        starts = itertools.compress(calls.starts, succeeded)
+        return list(map(operator.sub, ends, starts))
+    return [
+        end - start
+        for start, end, reason in zip(
+            calls.starts, calls.ends, calls.reasons, strict=True
+        )
+        if reason is None and end is not None
+    ]
+
+
 def _summarize(
     config: SimulationConfig,
     load: Sequence[int],
@@ -325,15 +347,7 @@ def _summarize(
     during_outage: int,
 ) -> Summary:
     width = config.bucket
-    ok = sorted(
-        [
-            end - start
-            for start, end, reason in zip(
-                calls.starts, calls.ends, calls.reasons, strict=True
-            )
-            if reason is None and end is not None
-        ]
-    )
+    ok = sorted(_latencies(calls))
     reasons = Counter(calls.reasons)
     reasons.pop(None, None)
     attempts = sum(load)
