@@ -10,7 +10,9 @@ Usage::
 
 VARIANT is ``bare`` (the undecorated call), ``bh`` (``@bulkhead``),
 ``pol`` (the pipeline's policy with a breaker), ``polbh`` (the same with
-a bulkhead), each prefixed with ``a`` for the asyncio twin (``abh``...).
+a bulkhead), ``polobh`` (the policy without a bulkhead over a
+``@bulkhead`` function: the decorator inside the pipeline), each prefixed
+with ``a`` for the asyncio twin (``abh``...).
 Run each with two values of N (2000 and 12000) and divide the difference
 of the "Collected" totals by 10000: instructions per call, without the
 start-up. Inside = polbh - pol, alone = bh - bare.
@@ -61,6 +63,9 @@ def main() -> None:
         "bh": lambda: bulkhead("count", max_concurrent=25)(target),
         "pol": lambda: _policy(with_bulkhead=False)(target),
         "polbh": lambda: _policy(with_bulkhead=True)(target),
+        "polobh": lambda: _policy(with_bulkhead=False)(
+            bulkhead("count", max_concurrent=25)(target)
+        ),
     }[variant[1:] if is_async else variant]()
     if is_async:
 

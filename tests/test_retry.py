@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 import resilient
 import resilient.testing
 from resilient import Constant, Policy
-from resilient._pipeline import _run
+from resilient._pipeline import _drive
+from resilient._timeout import _watchdog
 from tests.conftest import Driver
 
 
@@ -540,7 +541,8 @@ class TestZeroDelay:
         """A zero delay in async code is one checkpoint and no sleep."""
         sleeps: list[float] = []
         checkpoints: list[int] = []
-        real_checkpoint = _run.checkpoint
+        real_checkpoint = _watchdog.checkpoint
+        real_yield_now = _drive.yield_now
 
         async def sleep(seconds: float) -> None:
             sleeps.append(seconds)
@@ -549,9 +551,15 @@ class TestZeroDelay:
             checkpoints.append(1)
             await real_checkpoint()
 
+        async def yield_now() -> None:
+            checkpoints.append(1)
+            await real_yield_now()
+
         monkeypatch.setattr(anyio, "sleep", sleep)
-        # The drivers' own checkpoint (asyncio's or trio's, directly).
-        monkeypatch.setattr(_run, "checkpoint", checkpoint)
+        # The async driver's own checkpoint: a yield to asyncio's loop, or
+        # trio's checkpoint, directly.
+        monkeypatch.setattr(_drive, "trio_checkpoint", lambda: checkpoint)
+        monkeypatch.setattr(_drive, "yield_now", yield_now)
         calls: list[int] = []
 
         async def body() -> str:

@@ -18,7 +18,9 @@ taken until after it is given back, and every step on it is recoverable:
   locked step that takes the slot (or grants it to the queued permit), so
   there is never a slot without a permit that knows it holds it. The
   pipeline's bare first attempt has the machine make the permit too
-  (`BulkheadMachine.take_new`, before it takes the lock), one call in all.
+  (`BulkheadMachine.take_new`, before it takes the lock), one call in all;
+  after a breaker, `_pair.BreakerBulkhead` does the same steps (and the
+  release's) inline, written the same way.
 - `BulkheadPermit.release` is idempotent and handles every state: held
   (the slot passes on), queued (it leaves the queue), granted but not yet
   woken (the slot passes on), never taken (nothing to do). The waits call
@@ -47,8 +49,9 @@ taken until after it is given back, and every step on it is recoverable:
 Every step is tested by an interrupt storm (``tests/test_bulkhead_storm.py``).
 
 The package: the machine and its permits (`_machine`), the two shells of
-`Bulkhead` side by side (`_shells`), the registry (`_registry`) and the
-instruments (`_metrics`).
+`Bulkhead` side by side (`_shells`), the registry (`_registry`), the
+instruments (`_metrics`) and the pipeline's breaker-then-bulkhead pair
+(`_pair`, imported by the pipeline only).
 """
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ class BulkheadPermit:
         "__weakref__",
         "_bulkhead",
         "_deadline",
+        "_outer",
         "_reason",
         "_ref",
         "_since",
@@ -110,6 +111,9 @@ class BulkheadPermit:
     _since: float
     _deadline: float
     _reason: RejectReason
+    _outer: object
+    """The ticket of the stage before this one, carried for it by the
+    pipeline's breaker-then-bulkhead pair (`resilient._bulkhead._pair`)."""
 
     def __init__(self, bulkhead: Bulkhead) -> None:
         # The permit keeps its bulkhead alive, so the registry finds the
@@ -214,7 +218,10 @@ class BulkheadMachine:
     # Every grant below is written the same way: the weak reference is made
     # first (a call), then it, the state and the counts are stored on the
     # permit and the machine with no call in between, then the reference is
-    # added (a call, after which the state is consistent again).
+    # added (a call, after which the state is consistent again). The
+    # pipeline's breaker-then-bulkhead pair (`resilient._bulkhead._pair`)
+    # does `take_new` and the held case of `release` inline: a change to
+    # either is made there too.
 
     def take(self, permit: BulkheadPermit) -> bool:
         """Give *permit* a free slot if there is one and nobody queues."""

@@ -135,12 +135,20 @@ class CallRecorder:
                 otel_trace.set_span_in_context(self._attempt)
             )
 
-    def attempt_ended(self, exc: BaseException | None) -> None:
+    def attempt_ended(
+        self, exc: BaseException | None, *, resume: bool = True
+    ) -> None:
         """
         Close the attempt's span, recording *exc* if it failed, and count
         the attempt. An attempt that a stage inside it rejected (a breaker
         the function enters itself) is not counted, and its span, which
         cannot be withdrawn once started, is renamed ``<policy> rejected``.
+
+        With *resume*, the call span is made current again (as `enter`
+        does, undone by `exit` or `ended`): what the stages report while
+        they settle the attempt (a policy's own breaker opening on this
+        failure, closing on this probe's success) lands on the call's
+        trace, not on whatever span was current outside the call.
         """
         if not self._open:
             return
@@ -166,6 +174,8 @@ class CallRecorder:
         else:
             span.set_status(Status(StatusCode.OK))
         span.end()
+        if resume:
+            self.enter()
 
     def retrying(self, event: RetryEvent) -> None:
         """A retry is scheduled: an event on the call span and metrics."""
@@ -241,7 +251,7 @@ class CallRecorder:
         """
         self.exit()
         if self._open:
-            self.attempt_ended(exc)
+            self.attempt_ended(exc, resume=False)
         span, self._span = self._span, None
         if span is None:
             return

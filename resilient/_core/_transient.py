@@ -369,18 +369,63 @@ def _to_tuple(value: object) -> object:
     return value
 
 
+def _statuses_repr(codes: frozenset[int]) -> str:
+    """
+    A set of status codes as a set display, sorted, with runs of five or
+    more as ``*range(...)``: ``{429, *range(500, 600)}`` reads at a glance
+    (the set itself holds 101 codes) and evaluates back to it.
+    """
+    if not codes:
+        return "frozenset()"
+    parts: list[str] = []
+    ordered = sorted(codes)
+    first = last = ordered[0]
+    for code in [*ordered[1:], None]:
+        if code is not None and code == last + 1:
+            last = code
+            continue
+        if last - first >= 4:  # A run of five or more.
+            parts.append(f"*range({first}, {last + 1})")
+        else:
+            parts.extend(str(c) for c in range(first, last + 1))
+        if code is not None:
+            first = last = code
+    return "{" + ", ".join(parts) + "}"
+
+
+def _classes_repr(classes: tuple[type[Exception], ...]) -> str:
+    """Exception classes by name (qualified but for built-ins), as a tuple
+    display that evaluates back where the names are in scope."""
+    names = [
+        c.__qualname__
+        if c.__module__ == "builtins"
+        else f"{c.__module__}.{c.__qualname__}"
+        for c in classes
+    ]
+    return "(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")"
+
+
+def _methods_repr(methods: frozenset[str] | None) -> str:
+    """HTTP methods as a sorted set display (None as is)."""
+    if methods is None:
+        return "None"
+    if not methods:
+        return "frozenset()"
+    return "{" + ", ".join(repr(m) for m in sorted(methods)) + "}"
+
+
 @attrs.frozen(kw_only=True)
 class _Classifier:
     """What `Transient` and `DependencyFailure` share."""
 
     statuses: frozenset[int] = attrs.field(
-        converter=_to_frozenset, validator=_statuses
+        converter=_to_frozenset, validator=_statuses, repr=_statuses_repr
     )
     also: tuple[type[Exception], ...] = attrs.field(
-        default=(), converter=_to_tuple, validator=_classes
+        default=(), converter=_to_tuple, validator=_classes, repr=_classes_repr
     )
     never: tuple[type[Exception], ...] = attrs.field(
-        default=(), converter=_to_tuple, validator=_classes
+        default=(), converter=_to_tuple, validator=_classes, repr=_classes_repr
     )
 
     def _sql_codes(self) -> frozenset[str]:
@@ -503,12 +548,16 @@ class Transient(_Classifier):
     """
 
     statuses: frozenset[int] = attrs.field(
-        default=DEFAULT_STATUSES, converter=_to_frozenset, validator=_statuses
+        default=DEFAULT_STATUSES,
+        converter=_to_frozenset,
+        validator=_statuses,
+        repr=_statuses_repr,
     )
     idempotent_methods: frozenset[str] | None = attrs.field(
         default=IDEMPOTENT_METHODS,
         converter=_to_methods,
         validator=_methods,
+        repr=_methods_repr,
     )
     idempotency_header: str = attrs.field(
         default="Idempotency-Key", validator=_header_name
@@ -573,7 +622,10 @@ class DependencyFailure(_Classifier):
     """
 
     statuses: frozenset[int] = attrs.field(
-        default=FAILURE_STATUSES, converter=_to_frozenset, validator=_statuses
+        default=FAILURE_STATUSES,
+        converter=_to_frozenset,
+        validator=_statuses,
+        repr=_statuses_repr,
     )
 
     def _sql_codes(self) -> frozenset[str]:

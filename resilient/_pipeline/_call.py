@@ -59,6 +59,7 @@ class Call:
         "_token",
         "clock",
         "guards",
+        "hold",
         "own_timeout",
         "policy",
     )
@@ -78,8 +79,11 @@ class Call:
         self._start = start
         self._outer = outer
         budget = policy.budget
+        # min(outer, start + budget), without the call.
         self._deadline = (
-            outer if budget is None else min(outer, start + budget)
+            outer
+            if budget is None or outer <= start + budget
+            else start + budget
         )
         self._machine: RetryMachine | None = None
         self._rec: CallRecorder | None = recorder(policy.name)
@@ -90,6 +94,9 @@ class Call:
         self.own_timeout = False
         """Whether the attempt's deadline is the policy's timeout (not the
         call's budget or an enclosing deadline)."""
+        self.hold = False
+        """Whether a failed attempt's deadline stays current until the next
+        attempt (`end_attempt`); the flow sets it."""
         if guards is not None and guards.budget is not None:
             guards.budget.record_call()
 
@@ -125,22 +132,26 @@ class Call:
     def enter_deadline(self) -> None:
         """Make the call's deadline current (admission waits, hooks), and
         its span."""
-        # An asynchronous exception can land between the set and the store
-        # of its token: _LOST says so, and `exit_deadline` then puts the
-        # replaced value back.
-        self._prior = _DEADLINE.get()
-        self._token = _LOST
-        self._token = _DEADLINE.set(self._deadline)
+        if self._token is None:
+            # An asynchronous exception can land between the set and the
+            # store of its token: _LOST says so, and `exit_deadline` then
+            # puts the replaced value back.
+            self._prior = _DEADLINE.get()
+            self._token = _LOST
+            self._token = _DEADLINE.set(self._deadline)
+        # Else held since the last attempt (`end_attempt`): the call's
+        # deadline is current already, and `exit_deadline` ends the hold.
         if self._rec is not None:
             self._rec.enter()
 
     def exit_deadline(self) -> None:
         """Undo `enter_deadline` or `start_attempt` (idempotent)."""
-        token, self._token = self._token, None
-        if token is _LOST:
-            _DEADLINE.set(self._prior)
-        elif token is not None:
-            _DEADLINE.reset(token)
+        token = self._token
+        if token is not None:
+            _restore(token, self._prior)
+            # Dropped only once undone: an exception landing before this
+            # line leaves it for `abort` to undo (`_restore` twice).
+            self._token = None
         if self._rec is not None:
             self._rec.exit()
 
@@ -152,6 +163,9 @@ class Call:
         if self.policy.timeout is not None:
             at = self.machine.attempt_deadline()
             self.own_timeout = at < self._deadline
+        elif self._token is not None:
+            # Held since the last attempt (`end_attempt`): current already.
+            return at
         self._at = at
         # `enter_deadline`, inline: one frame less per attempt.
         self._prior = _DEADLINE.get()
@@ -159,16 +173,38 @@ class Call:
         self._token = _DEADLINE.set(at)
         return at
 
-    def end_attempt(self, exc: BaseException | None) -> None:
-        """Undo `start_attempt`; end the span, recording *exc*."""
-        # `exit_deadline`, inline: one frame less per attempt.
-        token, self._token = self._token, None
-        if token is _LOST:
-            _DEADLINE.set(self._prior)
-        elif token is not None:
-            _DEADLINE.reset(token)
-        if self._rec is not None:
-            self._rec.attempt_ended(exc)
+    def end_attempt(self, exc: BaseException | None) -> bool:
+        """
+        Undo `start_attempt`; end the span, recording *exc*.
+
+        When the call's `hold` is set (no attempt timeout: every attempt's
+        deadline is the call's), a failed attempt leaves its deadline
+        current for the next (a retry sets and resets no context
+        variable); `exit_deadline` (or `abort`) undoes it on any other way
+        on: a hook, an admission, the fallback, the end of the call.
+        True when it is held and there are no spans: the next attempt,
+        straight after, needs no `start_attempt`.
+        """
+        rec = self._rec
+        if exc is None or not self.hold:
+            # `exit_deadline` (and `_restore`), inline: one frame less per
+            # attempt.
+            token = self._token
+            if token is not None:
+                if token is _LOST:
+                    _DEADLINE.set(self._prior)
+                else:
+                    try:  # noqa: SIM105 - no context manager's frame
+                        _DEADLINE.reset(token)
+                    except RuntimeError:  # pragma: no cover - landed
+                        pass
+                self._token = None
+            if rec is None:
+                return False
+        elif rec is None:
+            return True
+        rec.attempt_ended(exc)
+        return False
 
     @overload
     def failed(
@@ -202,6 +238,8 @@ class Call:
             m = self.machine
         rec = self._rec
         attempt = m.attempt
+        if type(exc) is DeadlineExceeded:
+            self._ended_by(exc, attempt)
         decision = m.decide_error(exc, own)
         if (
             quiet
@@ -230,6 +268,27 @@ class Call:
         elif isinstance(step, GiveUp):
             self._gave_up(exc, step)
         return step
+
+    def _ended_by(self, exc: DeadlineExceeded, attempt: int) -> None:
+        """
+        Name the limit of this call whose deadline *exc* is (the policy's
+        attempt timeout or budget, or a deadline around the call) in its
+        message: the error's makers (`timed_out`, `resilient.checkpoint`)
+        know only the time. The innermost policy that owns the limit
+        names it; a deadline around the call, the innermost that saw it.
+        """
+        at = exc.deadline
+        policy = self.policy
+        if self.own_timeout and at == self._at:
+            limit, seconds = "timeout", policy.timeout or 0.0
+        elif at != self._deadline:
+            return
+        elif policy.budget is not None and at == self._start + policy.budget:
+            limit, seconds = "budget", policy.budget
+        else:
+            limit, seconds = "deadline", at - self._start
+        if exc.limit is None or (exc.limit == "deadline" != limit):
+            exc._ended_attempt(policy.name, attempt, limit, seconds)  # noqa: SLF001
 
     def _gave_up(self, exc: BaseException, step: GiveUp) -> None:
         """Record the give-up *step* on *exc*: its notes, telemetry, log."""
@@ -306,6 +365,22 @@ class Call:
         if at == math.inf:
             return NO_SCOPE
         return AttemptDeadline(at - self.clock.now())
+
+
+def _restore(token: Any, prior: float) -> None:
+    """
+    Undo the deadline set with *token* (or `_LOST`: put *prior* back by
+    value). Twice is harmless: a token reset already (an exception landed
+    before its holder dropped it, and the way out undoes it again) is
+    left as it is.
+    """
+    if token is _LOST:
+        _DEADLINE.set(prior)
+        return
+    try:  # noqa: SIM105 - no context manager's frame on every attempt
+        _DEADLINE.reset(token)
+    except RuntimeError:  # pragma: no cover - landed: used once already
+        pass
 
 
 def _note_once(exc: BaseException, text: str) -> None:

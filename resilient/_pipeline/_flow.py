@@ -19,6 +19,9 @@ each effect gave; an exception the effect raised is thrown in instead:
 - ``RUN, at``: run the attempt (async: cancelled at *at*, then raise
   `DeadlineExceeded`); send ``(None, value)`` or ``(exception, None)``,
   never throw.
+- ``PAUSE_RUN, at`` (a flow made with *fuse*, for the decorator drivers
+  only): a zero wait, then the attempt: as ``SLEEP, (0, ...)`` then
+  ``RUN, at``, in one effect (an exception of the wait is thrown in).
 - ``SETTLE, (tickets, exc, own_timeout)``: ``guards.settle(...)`` or, in
   async code and unless *exc* is a cancellation, ``await
   guards.asettle(...)``; send None.
@@ -62,23 +65,40 @@ RUN: Final = 4
 SETTLE: Final = 5
 NEXT: Final = 6
 FALLBACK: Final = 7
+PAUSE_RUN: Final = 8
 
 
 def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
-    call: Call, failed: BaseException | None = None, *, block: bool = False
+    call: Call,
+    failed: BaseException | None = None,
+    *,
+    block: bool = False,
+    fuse: bool = False,
 ) -> Flow:
     """The flow of *call*; see the module's docstring."""
     guards = call.guards
     admits = guards is not None and bool(guards.stages)
+    # A zero wait and the attempt after it as one effect (PAUSE_RUN), when
+    # nothing comes between them (no admission, no block step).
+    fuse = fuse and not admits and not block
+    run = RUN
     # No hook and no block to hand a retry to: the call may decide it
     # without its record (`Call.failed`), and a retry is then its delay.
     quiet = not block and call.policy.before_sleep is None
+    # No attempt timeout: every attempt's deadline is the call's, held
+    # current from a failed attempt to the next (`Call.end_attempt`). Not
+    # in the block form, whose caller's code runs between attempts.
+    call.hold = not block and call.policy.timeout is None
     tickets: list[object] | None = None
     # The last decision: a Retry, a give-up, or a quiet retry's delay.
     step: Retry | GiveUp | float | None = None
     error: BaseException | None = None
     cause: BaseException | None = None
     value: Any = None
+    # The deadline held from a failed attempt, with no span to open: the
+    # next attempt needs no `Call.start_attempt`, and runs under *at*.
+    held = False
+    at = 0.0
     try:
         if failed is not None:
             step = call.failed(failed, quiet)
@@ -90,8 +110,12 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
             if step is not None:
                 if not isinstance(step, Retry):
                     # A quiet retry: its delay, and the error it retries.
-                    yield SLEEP, (step, cause)
+                    if fuse and step <= 0:  # type: ignore[operator] # a float: a give-up ended the call
+                        run = PAUSE_RUN  # The wait goes with the attempt.
+                    else:
+                        yield SLEEP, (step, cause)
                 else:
+                    held = False  # A hook would end the hold.
                     if block:
                         yield NEXT, step
                     wait: float | GiveUp = step.delay
@@ -111,6 +135,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 # `break` alive until the garbage collector runs).
                 step = error = cause = value = failed = None
             if admits:
+                held = False  # The admission ends the hold.
                 call.enter_deadline()
                 try:
                     tickets = yield ADMIT, guards
@@ -125,9 +150,11 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                 call.exit_deadline()
             if block:
                 yield READY, None
-            at = call.start_attempt()
-            error, value = yield RUN, at
-            call.end_attempt(error)
+            if not held:
+                at = call.start_attempt()
+            error, value = yield run, at
+            run = RUN
+            held = call.end_attempt(error)
             if tickets is not None:
                 taken, tickets = tickets, None
                 yield SETTLE, (taken, error, call.own_timeout)

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
-from resilient._breaker import SUCCESS, attempt_outcome
+from resilient._bulkhead._pair import BreakerBulkhead
 from resilient._core import _registry
-from resilient._core._done import DONE
 from resilient._pipeline._stage import ORDER, BreakerStage, BulkheadStage
 from resilient._retry_budget import get_retry_budget
 
@@ -21,7 +20,6 @@ from resilient._retry_budget import get_retry_budget
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from resilient._bulkhead import Permit
     from resilient._core._settings import RetrySettings
     from resilient._pipeline._stage import Stage
     from resilient._retry_budget import RetryBudget
@@ -127,92 +125,6 @@ class BareChain:
 
 
 @final
-class BreakerBulkhead:
-    """
-    `BareChain` of a breaker then a bulkhead (the only two stages today),
-    unrolled: the slot is taken and given back by the bulkhead's machine
-    in one call each (`BulkheadMachine.take_new`, `release`), and the
-    breaker is counted as its stage counts a bare attempt, inline, so the
-    pair costs what the two cost alone. The ticket is the breaker's
-    closed ticket and the permit, as a pair.
-    """
-
-    __slots__ = (
-        "_admit",
-        "_asettle_closed",
-        "_bulkhead",
-        "_cb",
-        "_release",
-        "_settle_closed",
-        "_take",
-    )
-
-    def __init__(self, breaker: BreakerStage, bulkhead: BulkheadStage) -> None:
-        cb = breaker.breaker
-        self._cb = cb
-        self._admit = cb.fast_admit
-        self._settle_closed = cb._settle_closed  # noqa: SLF001
-        self._asettle_closed = cb._asettle_closed  # noqa: SLF001
-        self._bulkhead = bulkhead.bulkhead
-        machine = bulkhead.bulkhead._machine  # noqa: SLF001
-        self._take = machine.take_new
-        self._release = machine.release
-
-    def fast_admit(self) -> tuple[tuple[int, float], Permit] | None:
-        """The breaker's closed ticket and a free slot, or None."""
-        ticket = self._admit()
-        if ticket is None:
-            return None
-        # A permit lost to an exception before it is returned gives its
-        # slot back when it is freed (see BulkheadMachine); a closed
-        # breaker's ticket holds nothing.
-        permit = self._take(self._bulkhead)
-        if permit is None:
-            return None
-        return ticket, permit
-
-    def fast_settle(
-        self,
-        tickets: tuple[tuple[int, float], Permit],
-        exc: BaseException | None,
-    ) -> None:
-        """Free the slot, then count the attempt (`BreakerStage.fast_settle`,
-        inline: one frame less)."""
-        ticket, permit = tickets
-        self._release(permit)
-        cb = self._cb
-        outcome = (
-            SUCCESS
-            if exc is None
-            else attempt_outcome(cb, exc, own_timeout=False)
-        )
-        self._settle_closed(*ticket, outcome, exc)
-
-    def afast_settle(
-        self,
-        tickets: tuple[tuple[int, float], Permit],
-        exc: BaseException | None,
-    ) -> Awaitable[None]:
-        """Free the slot, then the breaker's settle to await, or `DONE`
-        when cancelled (`BreakerStage.afast_settle`, inline)."""
-        ticket, permit = tickets
-        self._release(permit)
-        if exc is None:
-            return self._asettle_closed(*ticket, SUCCESS)
-        if not isinstance(exc, Exception):
-            self._settle_closed(
-                *ticket, attempt_outcome(self._cb, exc, own_timeout=False), exc
-            )
-            return DONE
-        outcome = attempt_outcome(self._cb, exc, own_timeout=False)
-        return self._asettle_closed(*ticket, outcome, exc)
-
-    def fast_drop(self, tickets: tuple[tuple[int, float], Permit]) -> None:
-        """Free the slot uncounted."""
-        self._release(tickets[1])
-
-
-@final
 class Guards:
     """
     The admission stages (in `ORDER`) and the retry budget of one policy.
@@ -257,7 +169,7 @@ class Guards:
             if not fast
             else stages[0]  # type: ignore[assignment]
             if len(stages) == 1
-            else BreakerBulkhead(*stages)  # type: ignore[arg-type]
+            else BreakerBulkhead(stages[0].breaker, stages[1].bulkhead)  # type: ignore[attr-defined]
             if tuple(map(type, stages)) == (BreakerStage, BulkheadStage)
             else BareChain(stages)  # type: ignore[arg-type]
         )

@@ -1,6 +1,6 @@
 """
-The decorator drivers of the flow, sync and async, with the bare first
-attempt in front of them.
+The decorator shells: the bare first attempt in front of the flow's drivers
+(`resilient._pipeline._drive`).
 
 Most calls succeed at once: a first attempt with no attempt timeout, no
 result predicate and no telemetry runs bare, with only the call's deadline
@@ -23,18 +23,16 @@ from typing import TYPE_CHECKING, Any, Final
 from resilient._core import _clock, _registry
 from resilient._core._telemetry import disabled
 from resilient._pipeline._call import Call
-from resilient._pipeline._effects import abandon, aperform, perform
-from resilient._pipeline._flow import RUN, SLEEP, flow
+from resilient._pipeline._drive import UNSET, adrive, drive, wrong_shell
+from resilient._pipeline._flow import flow
 from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
-from resilient._retry._machine import WrongShell
-from resilient._timeout._watchdog import EAGER, checkpoint, trio_base
+from resilient._timeout._watchdog import EAGER, trio_base
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from resilient._core._settings import RetrySettings
-    from resilient._pipeline._flow import Flow
     from resilient._pipeline._guards import Guards
 
 
@@ -43,6 +41,8 @@ _DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
 _monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
 _get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
+_INF: Final = math.inf
+_UNSET: Final = UNSET
 
 
 def bare_ok(policy: RetrySettings) -> bool:
@@ -56,155 +56,6 @@ def bare_ok(policy: RetrySettings) -> bool:
         and policy.retry_if_result is None
         and disabled()
     )
-
-
-def _wrong_shell(fn: object, result: Any) -> WrongShell:
-    result.close()
-    return WrongShell(
-        f"{fn!r} is sync but returned a coroutine: declare it `async def` "
-        "to retry it from async code, or use `await policy.acall(fn)`"
-    )
-
-
-# The effects both decorator drivers and the block form carry out the same
-# way, one colour each.
-
-
-def drive(  # noqa: C901 - the zero wait and the attempt inline: one frame less each
-    call: Call,
-    gen: Flow,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    sent: Any = None,
-    op: int = 0,
-    arg: Any = None,
-) -> Any:
-    """
-    The sync driver: run *gen* to its end. (*sent*, *op* and *arg*, the
-    loop's state, are parameters so that they are bound before the first line,
-    where an exception could land before the handler could read them.)
-    """
-    try:
-        # Inside the try: CPython 3.11 raises an exception that lands at
-        # the loop's back edge at the instruction before the loop's start.
-        thrown: BaseException | None = None
-        while True:
-            try:
-                if thrown is None:
-                    op, arg = gen.send(sent)
-                else:
-                    op, arg = gen.throw(thrown)
-                    thrown = None
-            except StopIteration as stop:
-                return stop.value
-            if op == SLEEP and arg[0] <= 0:
-                # A zero wait, inline: nothing to do (`perform` would do
-                # nothing either), and no perform frame.
-                sent = None
-                continue
-            if op == RUN:
-                try:
-                    result = fn(*args, **kwargs)
-                    if type(result) is _Coroutine:
-                        raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    sent = (exc, None)
-                else:
-                    sent = (None, result)
-                continue
-            try:
-                sent = perform(call, op, arg)
-            except BaseException as exc:  # noqa: BLE001 - the flow decides
-                thrown = exc
-    except BaseException as exc:
-        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
-        raise
-
-
-async def adrive(  # noqa: C901, PLR0912, PLR0915 - the attempt inline: one coroutine frame less
-    call: Call,
-    gen: Flow,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    sent: Any = None,
-    op: int = 0,
-    arg: Any = None,
-) -> Any:
-    """The async driver: run *gen* to its end (see `drive`)."""
-    try:
-        # Inside the try: CPython 3.11 raises an exception that lands at
-        # the loop's back edge at the instruction before the loop's start.
-        thrown: BaseException | None = None
-        while True:
-            try:
-                if thrown is None:
-                    op, arg = gen.send(sent)
-                else:
-                    op, arg = gen.throw(thrown)
-                    thrown = None
-            except StopIteration as stop:
-                return stop.value
-            if op == SLEEP and arg[0] <= 0:
-                # A zero wait, inline: a checkpoint, and no aperform frame.
-                try:
-                    await checkpoint()
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    thrown = exc
-                else:
-                    sent = None
-                continue
-            if op == RUN:
-                coro = None
-                try:
-                    coro = fn(*args, **kwargs)
-                    if arg == math.inf:  # No deadline: nothing to arm.
-                        sent = (None, await coro)
-                        continue
-                    if type(coro) is _Coroutine:
-                        base = (
-                            None
-                            if _get_running_loop() is not None
-                            else trio_base()
-                        )
-                        if base is not EAGER:
-                            # The deadline armed only if the attempt
-                            # suspends (`resilient._pipeline._lazy`).
-                            try:
-                                trap = coro.send(None)
-                            except BaseException as ended:  # noqa: BLE001 - the flow decides
-                                # Returned or raised, in one handler: a
-                                # failure does not pass through an
-                                # ``except StopIteration`` and its re-raise.
-                                if type(ended) is StopIteration:
-                                    sent = (None, ended.value)
-                                else:
-                                    if coro.cr_frame is not None:
-                                        abandon_attempt(
-                                            coro, ended
-                                        )  # pragma: no cover - landed
-                                    sent = (ended, None)
-                                continue
-                            sent = await suspended(
-                                coro, trap, arg, call.clock, base
-                            )
-                            continue
-                    sent = await armed_attempt(coro, arg, call.clock)
-                except BaseException as exc:  # noqa: BLE001 - the flow decides
-                    if type(coro) is _Coroutine and coro.cr_frame is not None:
-                        abandon_attempt(coro, exc)  # pragma: no cover - landed
-                    sent = (exc, None)
-                continue
-            try:
-                sent = await aperform(call, op, arg)
-            except BaseException as exc:  # noqa: BLE001 - the flow decides
-                thrown = exc
-    except BaseException as exc:
-        abandon(call, gen, exc, op=op, arg=arg, sent=sent)
-        raise
 
 
 def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
@@ -241,7 +92,7 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
                         try:
                             result = fn(*args, **kwargs)
                             if type(result) is _Coroutine:
-                                raise _wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
+                                raise wrong_shell(fn, result)  # noqa: TRY301 - counted as a failure
                         except BaseException as exc:  # noqa: BLE001 - settled first
                             failed: BaseException | None = exc
                         else:
@@ -269,12 +120,17 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
                 if not isinstance(failed, Exception):
                     raise failed
                 call = Call(policy, guards, start, outer)
-                return drive(call, flow(call, failed), fn, args, kwargs)
+                # The flow holds the error from here: dropped here, as a
+                # frame that keeps it would be kept by its traceback (a
+                # cycle, left to the garbage collector, in every call that
+                # retries).
+                gen, failed = flow(call, failed, fuse=True), None
+                return drive(call, gen, fn, args, kwargs)
     call = Call(policy, guards)
-    return drive(call, flow(call), fn, args, kwargs)
+    return drive(call, flow(call, fuse=True), fn, args, kwargs)
 
 
-async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, inline for speed
+async def call_async(  # noqa: C901, PLR0911, PLR0912, PLR0915 - the bare first attempt, inline for speed
     policy: RetrySettings,
     guards: Guards | None,
     fn: Callable[..., Any],
@@ -302,28 +158,95 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
             budget = policy.budget
             if budget is not None and start + budget < outer:
                 at = start + budget
-            if at == math.inf and bare is None:
+            if at == _INF and bare is None:
                 # No deadline: nothing to arm.
                 try:
                     return await fn(*args, **kwargs)
                 except Exception as exc:  # noqa: BLE001 - the flow decides
                     call = Call(policy, None, start, outer)
-                    gen = flow(call, exc)
+                    gen = flow(call, exc, fuse=True)
                 return await adrive(call, gen, fn, args, kwargs)
+            if bare is None:
+                # No guards, a deadline (the budget's, or an enclosing
+                # one): the general case below, without its tickets.
+                token = coro = None
+                base: Any = _UNSET
+                failed: BaseException | None = None
+                try:
+                    try:
+                        token = _DEADLINE.set(at)
+                        coro = fn(*args, **kwargs)
+                        if (
+                            type(coro) is _Coroutine
+                            and (
+                                base := (
+                                    None
+                                    if _get_running_loop() is not None
+                                    else trio_base()
+                                )
+                            )
+                            is not EAGER
+                        ):
+                            try:
+                                trap = coro.send(None)
+                            except BaseException as ended:  # noqa: BLE001 - settled first
+                                if type(ended) is StopIteration:
+                                    result = ended.value
+                                else:
+                                    if coro.cr_frame is not None:
+                                        abandon_attempt(
+                                            coro, ended
+                                        )  # pragma: no cover - landed
+                                    failed = ended
+                            else:
+                                failed, result = await suspended(
+                                    coro, trap, at, clock, base
+                                )
+                        else:
+                            failed, result = await armed_attempt(
+                                coro, at, clock
+                            )
+                    except BaseException as exc:  # noqa: BLE001 - settled first
+                        if (
+                            type(coro) is _Coroutine
+                            and coro.cr_frame is not None
+                        ):
+                            abandon_attempt(coro, exc)  # pragma: no cover
+                        failed = exc
+                    finally:
+                        if token is not None:
+                            _DEADLINE.reset(token)
+                        else:
+                            _DEADLINE.set(outer)  # Lost: see call_sync.
+                except BaseException:
+                    if _DEADLINE.get() != outer:
+                        _DEADLINE.set(outer)  # pragma: no cover - landed
+                    raise
+                if failed is None:
+                    return result
+                if not isinstance(failed, Exception):
+                    raise failed
+                call = Call(policy, None, start, outer)
+                # The flow holds the error from here: dropped here, as a
+                # frame that keeps it would be kept by its traceback (a
+                # cycle, left to the garbage collector, in every call that
+                # retries).
+                gen, failed = flow(call, failed, fuse=True), None
+                return await adrive(call, gen, fn, args, kwargs, base=base)
+            # Guards that admit at once (`Guards.bare`).
             token = ticket = None
-            failed: BaseException | None = None
+            failed = None
             try:
                 try:
                     # The admission inside the ``try``: its ticket settled
                     # on every way out.
-                    if bare is not None:
-                        ticket = bare.fast_admit()
-                    if bare is None or ticket is not None:
+                    ticket = bare.fast_admit()
+                    if ticket is not None:
                         token = _DEADLINE.set(at)
                         coro = None
                         try:
                             coro = fn(*args, **kwargs)
-                            if at == math.inf:  # No deadline: none to arm.
+                            if at == _INF:  # No deadline: none to arm.
                                 result = await coro
                             elif (
                                 type(coro) is _Coroutine
@@ -369,10 +292,10 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                 finally:
                     if token is not None:
                         _DEADLINE.reset(token)
-                    elif bare is None or ticket is not None:
+                    elif ticket is not None:
                         _DEADLINE.set(outer)  # Lost: see call_sync.
                 if ticket is not None:
-                    await bare.afast_settle(ticket, failed)  # type: ignore[union-attr]
+                    await bare.afast_settle(ticket, failed)
             except BaseException:
                 # The admission's own error, one raised by the settle, or
                 # one that landed here: whatever the ticket still holds is
@@ -381,19 +304,23 @@ async def call_async(  # noqa: C901, PLR0912, PLR0915 - the bare first attempt, 
                 # deadline put back by value if the ``finally`` was cut
                 # short.
                 if ticket is not None:
-                    bare.fast_drop(ticket)  # type: ignore[union-attr]
+                    bare.fast_drop(ticket)
                 if _DEADLINE.get() != outer:
                     _DEADLINE.set(outer)  # pragma: no cover - landed
                 raise
-            if bare is None or ticket is not None:
+            if ticket is not None:
                 if failed is None:
                     return result
                 if not isinstance(failed, Exception):
                     raise failed
                 call = Call(policy, guards, start, outer)
-                return await adrive(call, flow(call, failed), fn, args, kwargs)
+                gen, failed = (
+                    flow(call, failed, fuse=True),
+                    None,
+                )  # See call_sync.
+                return await adrive(call, gen, fn, args, kwargs)
     call = Call(policy, guards)
-    return await adrive(call, flow(call), fn, args, kwargs)
+    return await adrive(call, flow(call, fuse=True), fn, args, kwargs)
 
 
 def shells(

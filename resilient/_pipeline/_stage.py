@@ -125,7 +125,9 @@ class BreakerStage:
             if exc is None
             else attempt_outcome(cb, exc, own_timeout=False)
         )
-        cb._settle_closed(*ticket, outcome, exc)  # noqa: SLF001
+        # The ticket's fields as arguments, not ``*ticket`` (a call that
+        # builds its arguments' tuple, a good part of a bare call).
+        cb._settle_closed(ticket[0], ticket[1], outcome, exc)  # noqa: SLF001
 
     def afast_settle(
         self, ticket: tuple[int, float], exc: BaseException | None
@@ -137,12 +139,12 @@ class BreakerStage:
         """
         cb = self.breaker
         if exc is None:
-            return cb._asettle_closed(*ticket, SUCCESS)  # noqa: SLF001
+            return cb._asettle_closed(ticket[0], ticket[1], SUCCESS)  # noqa: SLF001
         if not isinstance(exc, Exception):
             self.fast_settle(ticket, exc)
             return DONE
         outcome = attempt_outcome(cb, exc, own_timeout=False)
-        return cb._asettle_closed(*ticket, outcome, exc)  # noqa: SLF001
+        return cb._asettle_closed(ticket[0], ticket[1], outcome, exc)  # noqa: SLF001
 
     def fast_drop(self, ticket: tuple[int, float]) -> None:
         """Nothing to give back: a closed ticket holds nothing."""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Generator
+    from collections.abc import Awaitable, Callable, Generator
     from types import TracebackType
 
 
@@ -332,28 +332,35 @@ def checkpoint() -> Awaitable[None]:
     plain function returning the awaitable: one coroutine frame less.
     """
     if _get_running_loop() is not None:
-        return _yield_now()
-    trio = _trio or _import_trio()
-    return trio.lowlevel.checkpoint()  # type: ignore[no-any-return]
+        return yield_now()
+    return (_trio_checkpoint or _import_trio().lowlevel.checkpoint)()  # type: ignore[no-any-return]
+
+
+def trio_checkpoint() -> Callable[[], Awaitable[None]]:
+    """trio's ``checkpoint`` function itself (trio imported on first
+    use), for a driver that makes many in one call."""
+    return _trio_checkpoint or _import_trio().lowlevel.checkpoint  # type: ignore[no-any-return]
 
 
 @types.coroutine
-def _yield_now() -> Generator[None, None, None]:
+def yield_now() -> Generator[None, None, None]:
     """asyncio's own zero sleep (``asyncio.sleep(0)``) without its frame:
-    a bare yield gives the loop one iteration."""
+    a bare yield gives the loop one iteration (asyncio only)."""
     yield
 
 
 _current_task_trio: Any = None
+_trio_checkpoint: Any = None
 _SPLICE = False
 
 
 def _import_trio() -> Any:
     """Import trio once, on first use (``import resilient`` does not)."""
-    global _trio, _current_task_trio, _SPLICE  # noqa: PLW0603 - imported lazily
+    global _trio, _current_task_trio, _trio_checkpoint, _SPLICE  # noqa: PLW0603 - imported lazily
     import trio  # noqa: PLC0415
 
     _current_task_trio = trio.lowlevel.current_task
+    _trio_checkpoint = trio.lowlevel.checkpoint
     # What `_splice` uses of trio's private cancel tree (trio 0.12 on).
     _SPLICE = hasattr(trio.lowlevel.Task, "_activate_cancel_status") and (
         isinstance(

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import functools
 import uuid
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
 
 from resilient._core._decorate import (
     is_async_callable,
@@ -22,9 +21,9 @@ if TYPE_CHECKING:
         AsyncGenerator,
         Callable,
         Generator,
-        Iterator,
         Mapping,
     )
+    from contextlib import AbstractContextManager
 
 
 P = ParamSpec("P")
@@ -38,6 +37,10 @@ _KEY: Final[contextvars.ContextVar[str | None]] = contextvars.ContextVar(
 )
 
 
+_UNSET: Final[Any] = object()
+"""No value read yet (see the streams' closing)."""
+
+
 def current_idempotency_key() -> str | None:
     """
     The idempotency key of the logical call in progress, or None outside
@@ -48,8 +51,7 @@ def current_idempotency_key() -> str | None:
     return _KEY.get()
 
 
-@contextlib.contextmanager
-def idempotency_key(key: str | None = None) -> Iterator[str]:
+def idempotency_key(key: str | None = None) -> AbstractContextManager[str]:
     """
     A block that is one logical call: every non-idempotent request the
     transports send inside it carries the same idempotency key.
@@ -70,14 +72,49 @@ def idempotency_key(key: str | None = None) -> Iterator[str]:
     .. versionadded:: 26.12.0
     """
     _check_key(key)
-    current = _KEY.get()
-    if key is None:
-        key = current if current is not None else str(uuid.uuid4())
-    token = _KEY.set(key)
-    try:
-        yield key
-    finally:
-        _KEY.reset(token)
+    return _KeyBlock(key)
+
+
+@final
+class _KeyBlock:
+    """
+    `idempotency_key`'s block. A class, not a ``contextlib`` generator:
+    there an asynchronous exception could land between the key's setting
+    and the ``try`` that undoes it (the generator's own lines, and
+    ``__enter__``'s once the generator yielded), leaving the key set for
+    every later request of the context. Here ``__enter__`` undoes its own
+    setting on any way out, so the key is set only once the ``with`` owns
+    it, and ``__exit__`` puts back the value it found.
+    One point is out of reach of any context manager written in Python:
+    an exception delivered as CPython calls ``__exit__``, before its first
+    instruction. `idempotent` has no ``__exit__``, and no such point.
+    """
+
+    __slots__ = ("_entered", "_key", "_prior")
+
+    def __init__(self, key: str | None) -> None:
+        self._key = key
+        self._prior: str | None = None
+        self._entered = False
+
+    def __enter__(self) -> str:
+        if self._entered:
+            raise RuntimeError("an idempotency_key() block is entered once")
+        prior = self._prior = _KEY.get()
+        key = self._key
+        if key is None:
+            key = prior if prior is not None else str(uuid.uuid4())
+        self._entered = True
+        try:
+            _KEY.set(key)
+        except BaseException:
+            # Landed as the set returned: the ``with`` will not exit.
+            _KEY.set(prior)
+            raise
+        return key
+
+    def __exit__(self, *exc_info: object) -> None:
+        _KEY.set(self._prior)
 
 
 def _check_key(key: object) -> None:
@@ -104,20 +141,32 @@ def idempotent(fn: Callable[P, T], /) -> Callable[P, T]:
         wrapper = _sync_stream(fn) if kind == "sync" else _async_stream(fn)
         keep_defaults(wrapper, fn)
         return wrapper
+    # Every wrapper below sets the key inside the ``try`` whose ``finally``
+    # puts the value it found back (by value: a token could be lost as the
+    # set returns), so an asynchronous exception landing anywhere leaves
+    # nothing set.
     if is_async_callable(fn):
 
         @functools.wraps(fn)
         async def acall(*args: P.args, **kwargs: P.kwargs) -> T:
-            with idempotency_key():
+            prior = _KEY.get()
+            try:
+                _KEY.set(prior if prior is not None else str(uuid.uuid4()))
                 return await fn(*args, **kwargs)  # type: ignore[misc,no-any-return]
+            finally:
+                _KEY.set(prior)
 
         keep_defaults(acall, fn)
         return acall  # type: ignore[return-value]
 
     @functools.wraps(fn)
     def call(*args: P.args, **kwargs: P.kwargs) -> T:
-        with idempotency_key():
+        prior = _KEY.get()
+        try:
+            _KEY.set(prior if prior is not None else str(uuid.uuid4()))
             return fn(*args, **kwargs)
+        finally:
+            _KEY.set(prior)
 
     keep_defaults(call, fn)
     return call
@@ -133,19 +182,21 @@ def _sync_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def stream(*args: Any, **kwargs: Any) -> Generator[Any, Any, Any]:
         key = _call_key()
-        token = _KEY.set(key)
+        prior = _KEY.get()
         try:
+            _KEY.set(key)
             inner = fn(*args, **kwargs)
         finally:
-            _KEY.reset(token)
+            _KEY.set(prior)
         try:
             sent: Any = None
             thrown: BaseException | None = None
             while True:
                 # Each step of the stream under the key, and nothing of
                 # the consumer's between steps.
-                token = _KEY.set(key)
+                prior = _KEY.get()
                 try:
+                    _KEY.set(key)
                     if thrown is not None:
                         item = inner.throw(thrown)
                     else:
@@ -154,7 +205,7 @@ def _sync_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
                     return stop.value
                 finally:
                     thrown = None
-                    _KEY.reset(token)
+                    _KEY.set(prior)
                 try:
                     sent = yield item
                 except GeneratorExit:
@@ -162,11 +213,18 @@ def _sync_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
                 except BaseException as exc:  # noqa: BLE001 - thrown in
                     thrown, sent = exc, None
         finally:
-            token = _KEY.set(key)
+            # Closed even if an exception lands as the key is set; the
+            # value put back only once read (_UNSET: the set never ran).
+            prior = _UNSET
             try:
-                inner.close()
+                prior = _KEY.get()
+                _KEY.set(key)
             finally:
-                _KEY.reset(token)
+                try:
+                    inner.close()
+                finally:
+                    if prior is not _UNSET:
+                        _KEY.set(prior)
 
     return stream
 
@@ -175,17 +233,19 @@ def _async_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def stream(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, Any]:
         key = _call_key()
-        token = _KEY.set(key)
+        prior = _KEY.get()
         try:
+            _KEY.set(key)
             inner = fn(*args, **kwargs)
         finally:
-            _KEY.reset(token)
+            _KEY.set(prior)
         try:
             sent: Any = None
             thrown: BaseException | None = None
             while True:
-                token = _KEY.set(key)
+                prior = _KEY.get()
                 try:
+                    _KEY.set(key)
                     if thrown is not None:
                         item = await inner.athrow(thrown)
                     else:
@@ -194,7 +254,7 @@ def _async_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
                     return
                 finally:
                     thrown = None
-                    _KEY.reset(token)
+                    _KEY.set(prior)
                 try:
                     sent = yield item
                 except GeneratorExit:
@@ -202,11 +262,18 @@ def _async_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
                 except BaseException as exc:  # noqa: BLE001 - thrown in
                     thrown, sent = exc, None
         finally:
-            token = _KEY.set(key)
+            # Closed even if an exception lands as the key is set; the
+            # value put back only once read (_UNSET: the set never ran).
+            prior = _UNSET
             try:
-                await inner.aclose()
+                prior = _KEY.get()
+                _KEY.set(key)
             finally:
-                _KEY.reset(token)
+                try:
+                    await inner.aclose()
+                finally:
+                    if prior is not _UNSET:
+                        _KEY.set(prior)
 
     return stream
 
