@@ -400,7 +400,8 @@ class AsyncPostgresBackend:
 
     async def _trim(self, idle: list[_AsyncConnection]) -> None:
         """Close the oldest kept connections past `MAX_IDLE` (or all of
-        them, once the backend is closed)."""
+        them, once the backend is closed). No shield: psycopg's async
+        close never suspends, so no cancellation can land in it."""
         keep = 0 if self._closed else MAX_IDLE
         while len(idle) > keep:
             conn = idle[0]
