@@ -18,14 +18,20 @@ entries, never at that no-op: only a tracer can raise there.
 from __future__ import annotations
 
 import contextlib
+import dis
+import functools
 import linecache
 import sys
 import types
 from collections.abc import Callable, Iterator
-from typing import Any, final
+from typing import Any, Final, final
 
 
-__all__ = ["Landed", "at_line"]
+__all__ = ["Landed", "Points", "at_line", "at_point"]
+
+_CALLS: Final = frozenset(
+    op for name, op in dis.opmap.items() if name.startswith("CALL")
+)
 
 
 class Landed(BaseException):
@@ -92,5 +98,138 @@ def at_line(
     sys.settrace(tracer)
     try:
         yield tracer
+    finally:
+        sys.settrace(previous)
+
+
+@final
+class Points:
+    """
+    A trace function that numbers the points where CPython 3.11 can deliver
+    an asynchronous exception in frames of code that *traced* accepts, and
+    raises `Landed` at point *at* (None: only counts them):
+
+    - a traced function's start (not a coroutine's resumption after an
+      ``await``, where CPython does not check);
+    - the start of any function a traced frame calls (an exception at the
+      first point inside it, which the traced frame sees as the call's),
+      of code *callees* accepts (all by default);
+    - just after a call returned, in a traced frame (the point between
+      ``x = f()``'s call and its assignment), when it is under the same
+      exception handler as the call (CPython raises there as the call's
+      own, under the call's handler: where the next instruction has
+      another, as after the ``return f()`` ending a ``with``, a trace
+      function cannot raise it, so the point is left out);
+    - a backward jump (a loop's back edge).
+
+    A superset of CPython's own points: its specialised forms of some
+    calls (``list.append``) do not check after the call.
+    """
+
+    def __init__(
+        self,
+        traced: Callable[[types.CodeType], bool],
+        at: int | None,
+        callees: Callable[[types.CodeType], bool] = lambda code: True,
+    ) -> None:
+        self.traced = traced
+        self.callees = callees
+        self.at = at
+        self.seen = 0
+        self.fired: str | None = None
+        self._last: dict[types.FrameType, int] = {}
+
+    def _point(self, frame: types.FrameType) -> None:
+        n = self.seen
+        self.seen = n + 1
+        if n == self.at:
+            self.fired = f"{frame.f_code.co_name}:{frame.f_lineno}"
+            # CPython stops tracing after a trace function raised: keep no
+            # frame (nor what its locals hold) that will not return here.
+            self._last.clear()
+            raise Landed
+
+    def __call__(
+        self, frame: types.FrameType, event: str, arg: object
+    ) -> Callable[..., Any] | None:
+        start = _at_start(frame)
+        if self.traced(frame.f_code):
+            frame.f_trace_opcodes = True
+            frame.f_trace_lines = False
+            if start:
+                self._point(frame)
+            return self._step
+        caller = frame.f_back
+        if (
+            start
+            and caller is not None
+            and self.traced(caller.f_code)
+            and self.callees(frame.f_code)
+        ):
+            self._point(frame)
+        return None
+
+    def _step(
+        self, frame: types.FrameType, event: str, arg: object
+    ) -> Callable[..., Any]:
+        if event == "opcode":
+            here = frame.f_lasti
+            before = self._last.get(frame)
+            self._last[frame] = here
+            code = frame.f_code
+            if before is not None and (
+                here <= before
+                or (
+                    code.co_code[before] in _CALLS
+                    and _handler(code, before) == _handler(code, here)
+                )
+            ):
+                self._point(frame)
+        elif event == "return":  # Or a coroutine's suspension.
+            self._last.pop(frame, None)  # Keeps no finished frame alive.
+        return self._step
+
+
+_RESUME: Final = dis.opmap["RESUME"]
+
+
+def _at_start(frame: types.FrameType) -> bool:
+    """Whether *frame* is at its start, not resuming after an ``await``
+    or a ``yield`` (``RESUME 0``)."""
+    code, at = frame.f_code.co_code, frame.f_lasti
+    return code[at] == _RESUME and code[at + 1] == 0
+
+
+@functools.cache
+def _handlers(code: types.CodeType) -> tuple[tuple[int, int, int], ...]:
+    return tuple(
+        (e.start, e.end, e.target)
+        for e in dis.Bytecode(code).exception_entries
+    )
+
+
+def _handler(code: types.CodeType, offset: int) -> int:
+    """The exception handler that covers *offset* (-1: none)."""
+    for start, end, target in _handlers(code):
+        if start <= offset < end:
+            return target
+    return -1
+
+
+@contextlib.contextmanager
+def at_point(
+    traced: Callable[[types.CodeType], bool],
+    at: int | None,
+    callees: Callable[[types.CodeType], bool] = lambda code: True,
+) -> Iterator[Points]:
+    """
+    Within the block (in this thread), raise `Landed` at point *at* of the
+    frames of code *traced* accepts (see `Points`), or only count them.
+    """
+    points = Points(traced, at, callees)
+    previous = sys.gettrace()
+    sys.settrace(points)
+    try:
+        yield points
     finally:
         sys.settrace(previous)

@@ -765,7 +765,8 @@ def test_an_enclosing_deadline_bounds_every_item() -> None:
 def test_timeout_bounds_each_item_cooperatively_in_sync_code() -> None:
     """In sync code the policy's timeout is each item's deadline, seen by
     `resilient.checkpoint`: a stall after the first item raises
-    `DeadlineExceeded` with the note, one before it is retried."""
+    `DeadlineExceeded` with the note and a message naming the item's
+    timeout, one before it is retried."""
     clock = FakeClock()
     starts = []
 
@@ -788,13 +789,19 @@ def test_timeout_bounds_each_item_cooperatively_in_sync_code() -> None:
             next(s)
     assert len(starts) == 2
     assert "could not retry" in info.value.__notes__[0]
+    # The message names the limit: the policy's timeout on a later item.
+    assert str(info.value) == (
+        "stream item timeout of 1.000 s exceeded (policy 'llm', attempt 2, "
+        "after its first item)"
+    )
+    assert (info.value.limit, info.value.seconds) == ("item", 1.0)
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_timeout_cancels_a_stalled_item_in_async_code(backend: str) -> None:
     """In async code the policy's timeout cancels a first item that does not
-    come (retried) and a later one that stalls (raised with the note; the
-    breaker counts it)."""
+    come (retried) and a later one that stalls (raised with the note and a
+    message naming the item's timeout; the breaker counts it)."""
     starts = []
     policy = _retrying(timeout=0.005, breaker=_breaker_config())
 
@@ -817,6 +824,10 @@ def test_timeout_cancels_a_stalled_item_in_async_code(backend: str) -> None:
     exc = anyio.run(main, backend=backend)
     assert len(starts) == 2
     assert "could not retry" in exc.__notes__[0]
+    assert str(exc) == (
+        "stream item timeout of 0.005 s exceeded (policy 'llm', attempt 2, "
+        "after its first item)"
+    )
     assert resilient.breaker("llm").statistics().failures == 2
 
 

@@ -47,12 +47,24 @@ def _cap_not_below_base(
 # even the smallest base is above the largest cap.
 _ALWAYS_CAPPED: Final = 2100
 _ldexp: Final = math.ldexp
+_POWERS_OF_TWO: Final = tuple(2.0**n for n in range(1024))
+"""``2.0**n`` for every n whose power is a float: ``base * 2.0**n`` is
+``ldexp(base, n)``, exactly (a power of two only moves the exponent), or
+infinite where ldexp overflows; an index is cheaper than ldexp's call."""
 
 
 def exponential_ceiling(base: float, cap: float, retry: int) -> float:
     """
     ``min(cap, base * 2**retry)`` without overflow for any *retry* >= 0.
     """
+    if retry >= 0:
+        try:
+            window = base * _POWERS_OF_TWO[retry]
+        except IndexError:
+            pass
+        else:
+            # Infinite where ldexp overflows: above the cap too.
+            return window if window < cap else cap  # noqa: FURB136
     if retry >= _ALWAYS_CAPPED:
         return cap
     # ldexp is exact, and only overflows when base * 2**retry exceeds the
@@ -94,7 +106,18 @@ class FullJitter:
         # rng.uniform(0.0, w) is 0.0 + (w - 0.0) * rng.random(): the same
         # float, one call less; and `exponential_ceiling`, inline (a frame
         # less: this is the default backoff, run before every retry).
+        # The window by `_POWERS_OF_TWO` (infinite where ldexp overflows,
+        # above the cap too) for any retry below 1024.
         cap = self.cap
+        if retry >= 0:
+            try:
+                window = self.base * _POWERS_OF_TWO[retry]
+            except IndexError:
+                pass
+            else:
+                if window < cap:
+                    return window * rng.random()
+                return cap * rng.random()
         if retry >= _ALWAYS_CAPPED:
             return cap * rng.random()
         try:

@@ -27,8 +27,9 @@ class DeadlineExceeded(ResilientError, TimeoutError):
         attempt: The number of that attempt (1 for the first), or None.
         limit: Which limit it was: ``"timeout"`` (the policy's attempt
             timeout), ``"budget"`` (the policy's budget), ``"deadline"``
-            (a deadline around the call); None when no policy's attempt
-            ended at it.
+            (a deadline around the call), ``"item"`` (the policy's timeout
+            on a stream's item after its first); None when no policy's
+            attempt ended at it.
         seconds: How long *limit* allowed, in seconds: the timeout, the
             budget, or for ``"deadline"`` the time from the call's start;
             None when not known.
@@ -63,6 +64,11 @@ class DeadlineExceeded(ResilientError, TimeoutError):
             text = f"attempt timeout of {seconds:.3f} s exceeded ({where})"
         elif limit == "budget":
             text = f"budget of {seconds:.3f} s exceeded ({where})"
+        elif limit == "item":
+            text = (
+                f"stream item timeout of {seconds:.3f} s exceeded ({where}, "
+                "after its first item)"
+            )
         else:
             text = (
                 f"enclosing deadline exceeded {seconds:.3f} s into the "

@@ -422,13 +422,15 @@ class RetryMachine(MachineRecords):
         policy = self.policy
         try:
             delay = policy.backoff.delay(attempt - 1, self._previous, self.rng)
-            if not 0.0 <= delay < _INF:
+            if not (delay >= 0.0 and delay < _INF):  # NaN too; no chain
                 not_a_delay(policy, delay)
                 return "backoff_error"
         except Exception:  # noqa: BLE001 - logged: a broken backoff
             backoff_raised(policy)
             return "backoff_error"
-        now = self._now()
+        # An attribute, then a call: `self._now()` looks for a method, slowly.
+        clock_now = self._now
+        now = clock_now()
         if now + delay >= self.deadline:
             return self._late()
         budget = self.retry_budget
@@ -477,8 +479,7 @@ class RetryMachine(MachineRecords):
         new._rejections = 0
         new._source = "backoff"
         new._testing = False
-        attempts = policy.attempts
-        new._max_attempts = attempts if attempts is not None else _INF
+        new._max_attempts = self._max_attempts  # Not testing (above).
         return new
 
     def _late(self) -> GiveUpReason:

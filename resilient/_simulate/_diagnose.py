@@ -89,8 +89,13 @@ def _early(result: SimulationResult) -> list[str]:
     p = c.policy
     calls = result.calls
     early: dict[str, int] = {}
+    reasons = calls.reasons
+    if reasons.count("attempts") + reasons.count(
+        "budget"
+    ) <= EARLY_GIVE_UPS * len(calls):
+        return []  # Too few such give-ups at all, let alone early ones.
     # The columns, not a `CallOutcome` per call: a run may have millions.
-    for end, reason in zip(calls.ends, calls.reasons, strict=True):
+    for end, reason in zip(calls.ends, reasons, strict=True):
         if reason in {"attempts", "budget"} and (
             end is not None and end < c.outage
         ):

@@ -31,29 +31,32 @@ from __future__ import annotations
 
 import bisect
 import gc
-import heapq
 import math
 import random
-from typing import TYPE_CHECKING, Final, final
+from typing import TYPE_CHECKING, Final, cast, final
 
-import attrs
-
-from resilient import BreakerState
 from resilient._retry import RetryMachine
 from resilient._simulate._calendar import (
     _LAST_SLOT,
     _SLOTS_PER_SECOND,
+    _WHEEL_SLOTS,
+    _Buckets,
     _Calendar,
     _time,
 )
 from resilient._simulate._config import SimulationConfig
 from resilient._simulate._fleet import (
     _BUDGET_TAKES_A_CLOCK,
+    _DOWN,
+    _MAX_ATTEMPTS_PER_CLIENT,
+    _OVERLOADED,
+    _endless,
     _FleetGuard,
     _guard,
     _VirtualClock,
+    start_times,
 )
-from resilient._simulate._result import Calls, SimulationResult, _summarize
+from resilient._simulate._result import Calls, SimulationResult, collect
 from resilient.testing import use_clock
 
 
@@ -63,62 +66,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "_BUDGET_TAKES_A_CLOCK",
+    "_Buckets",
     "_Calendar",
     "_Run",
     "_VirtualClock",
     "_guard",
     "simulate",
 ]
-
-
-class _DownError(ConnectionError):
-    """The dependency is down (the outage)."""
-
-
-class _OverloadedError(ConnectionError):
-    """The dependency refused a request beyond its capacity."""
-
-
-_DOWN: Final = _DownError("simulated outage")
-_OVERLOADED: Final = _OverloadedError("simulated overload")
-
-
-_MAX_ATTEMPTS_PER_CLIENT: Final = 100_000
-
-
-def _endless() -> RuntimeError:
-    return RuntimeError(
-        "simulate(): the clients retry without end; give the policy a "
-        "backoff that waits, or fewer attempts"
-    )
-
-
-@final
-class _Buckets:
-    """
-    The load chart's buckets of *width* seconds: the bucket a time falls
-    in, ``int(now // width)``, and the first time of the next bucket, so
-    that a run whose time only moves forward asks once per bucket.
-    """
-
-    __slots__ = ("width",)
-
-    def __init__(self, width: float) -> None:
-        self.width = width
-
-    def at(self, now: float) -> tuple[int, float]:
-        """The bucket of *now*, and the smallest time in a later one."""
-        width = self.width
-        index = now // width
-        # The smallest float whose bucket is past *now*'s: the product
-        # (index + 1) * width, rounded, may miss it by a few units in the
-        # last place either way.
-        end = (index + 1.0) * width
-        while end // width > index:
-            end = math.nextafter(end, -math.inf)
-        while end // width <= index:
-            end = math.nextafter(end, math.inf)
-        return int(index), end
 
 
 @final
@@ -136,26 +90,19 @@ class _Run:
         self.refused = 0
         self.during_outage = 0
         self.overload_end: float | None = None
-        # Separate streams, so that changing the policy keeps start times
-        # and adding steady traffic keeps the burst's.
-        starts = random.Random(f"{config.seed}:starts")
+        # Its own stream, so that the start times (`start_times`) stay the
+        # same when the policy changes.
         self.jitter = random.Random(f"{config.seed}:jitter")
-        uniform, spread = starts.uniform, config.spread
-        times = [uniform(0.0, spread) for _ in range(config.clients)]
-        if config.rate > 0:
-            arrivals = random.Random(f"{config.seed}:arrivals")
-            draw, rate = arrivals.expovariate, config.rate
-            at = draw(rate)
-            while at < config.rate_until:
-                times.append(at)
-                at += draw(rate)
-        self.times = times
+        self.times = times = start_times(config)
         calls = len(times)
         # The calls, by number: a column each, not an object per call.
-        self.machines: list[RetryMachine | None] = [None] * calls
+        self.machines: list[RetryMachine | int | None] = [None] * calls
         """Each call's machine, made at its first failure: a call served at
         once needs none, and a run stopped by its duration never pays for
-        the calls that had not started."""
+        the calls that had not started. Once the call has ended, the number
+        of attempts it made in its place, so that a run keeps the machines
+        of the calls in flight only (a million calls' machines took a third
+        of the memory of a run)."""
         self.ends: list[float | None] = [None] * calls
         self.reasons: list[str | None] = [_NO] * calls
         """Why each call gave up; None once it succeeded."""
@@ -167,6 +114,9 @@ class _Run:
 
         One loop, with the calendar's push, the dependency and the load
         chart inlined: this is where a million calls spend their time.
+        Without a guard, a calendar slot within one bucket of the chart
+        runs in a loop of its own, the outage's or the capacity's, that
+        counts the chart per slot rather than per request.
         """
         config = self.config
         stop = math.inf if config.duration is None else config.duration
@@ -181,15 +131,20 @@ class _Run:
         # one starts (`_Buckets`): times only move forward.
         buckets = _Buckets(config.bucket)
         index, bucket_end = -1, -math.inf
-        machines, ends, reasons = self.machines, self.ends, self.reasons
+        # A call's slot holds its attempts (an int) only once it has ended,
+        # and an ended call has no events left: the loop sees machines.
+        machines = cast("list[RetryMachine | None]", self.machines)
+        counted = self.machines  # The same list, for the attempts.
+        ends, reasons = self.ends, self.reasons
         times = self.times
         calendar = self.calendar
-        slots, later, next_slot = (
-            calendar.slots,
-            calendar.later,
+        wheel, add, next_slot = (
+            calendar.wheel,
+            calendar.add,
             calendar.next_slot,
         )
-        now_slot = -1.0
+        sps, floor = _SLOTS_PER_SECOND, math.floor
+        now_slot = -1
         # Events left before the run is stopped as endless: counted a slot
         # at a time (and at each insertion into the slot being run, which
         # a policy that never waits fills without end); the ends of served
@@ -198,7 +153,7 @@ class _Run:
         during_outage = refused = 0
         last = end = 0.0
         overload_end: float | None = None
-        insort, heappush = bisect.insort_right, heapq.heappush
+        insort = bisect.insort_right
         decide = RetryMachine.decide_error
         decide_transient = RetryMachine.decide_transient
         # Every call's machine is made like this one (`sibling`: the
@@ -217,6 +172,7 @@ class _Run:
         # as `decide_transient` does, in fewer frames.
         no_hint = policy.retry_after is None
         down_fast = down_ok and no_hint
+        overloaded_fast = overloaded_ok and no_hint
         error: Exception | None
         transient: bool | None
         delay: float | GiveUpReason
@@ -225,52 +181,133 @@ class _Run:
             left -= len(current)
             if left < 0:
                 raise _endless()
-            slot_end = (now_slot + 1.0) / _SLOTS_PER_SECOND  # Exact.
-            if guard is None and slot_end <= outage and slot_end <= stop:
-                # A slot wholly within the outage, without a guard: every
-                # request fails, so count them per slot, not per request.
-                start = now_slot / _SLOTS_PER_SECOND
+            # The slot's end (exact); a slot past the wheel runs the
+            # general loop.
+            slot_end = (
+                (now_slot + 1.0) / sps if now_slot < _WHEEL_SLOTS else math.inf
+            )
+            if guard is None and slot_end + service_time < stop:
+                start = now_slot / sps
                 if start >= bucket_end:
                     index, bucket_end = buckets.at(start)
                     if index >= len(load):
                         grow = [0] * (index + 1 - len(load))
                         load += grow
                         served += grow
-                if slot_end <= bucket_end:
-                    for now, call in current:
-                        clock.t = now
-                        machine = machines[call]
-                        if machine is None:
-                            machine = machines[call] = sibling(template, now)
-                        delay = (
-                            decide_transient(machine)
-                            if down_fast
-                            else decide(machine, _DOWN, False, down_ok)
+                if slot_end <= bucket_end and (
+                    slot_end <= outage or (start >= outage and overloaded_fast)
+                ):
+                    # Every event is an attempt (no guard: no event for the
+                    # end of a request), in one bucket: the load, the last
+                    # attempt and the end are counted once per slot.
+                    if slot_end <= outage:
+                        # Wholly within the outage: every request fails.
+                        for now, call in current:
+                            clock.t = now
+                            machine = machines[call]
+                            if machine is None:
+                                machine = machines[call] = sibling(
+                                    template, now
+                                )
+                            delay = (
+                                decide_transient(machine)
+                                if down_fast
+                                else decide(machine, _DOWN, False, down_ok)
+                            )
+                            try:
+                                at = now + delay  # type: ignore[operator]
+                            except TypeError:
+                                # A str: why the call gives up (as below).
+                                ends[call] = now
+                                reasons[call] = delay  # type: ignore[assignment]
+                                counted[call] = machine.attempt
+                                continue
+                            # The push below, the same steps.
+                            try:
+                                slot = floor(at * sps)
+                            except OverflowError:
+                                slot = _LAST_SLOT
+                            if slot <= now_slot:
+                                insort(current, (at, call), key=_time)
+                                calendar.heap_ops += 1
+                                calendar.inserts += 1
+                                left -= 1
+                                if left < 0:
+                                    raise _endless()
+                                continue
+                            try:
+                                wheel[slot].append((at, call))  # type: ignore[union-attr]
+                            except (IndexError, AttributeError):
+                                add(at, call, slot)
+                        during_outage += len(current)
+                        last = end = current[-1][0]
+                    else:
+                        # Wholly after it: the token bucket serves or
+                        # refuses each request; the dependency's overload is
+                        # transient and reads no hint.
+                        count = 0
+                        for now, call in current:
+                            tokens += (now - refilled) * capacity
+                            if tokens >= size:  # noqa: PLR1730 - min()
+                                tokens = size
+                            refilled = now
+                            if tokens >= 1.0:
+                                tokens -= 1.0
+                                count += 1
+                                ends[call], reasons[call] = (
+                                    now + service_time,
+                                    None,
+                                )
+                                machine = machines[call]
+                                if machine is not None:
+                                    counted[call] = machine.attempt
+                                continue
+                            overload_end = clock.t = now
+                            machine = machines[call]
+                            if machine is None:
+                                machine = machines[call] = sibling(
+                                    template, now
+                                )
+                            delay = decide_transient(machine)
+                            try:
+                                at = now + delay  # type: ignore[operator]
+                            except TypeError:
+                                # A str: why the call gives up (once per
+                                # call at most, cheaper than a test each).
+                                ends[call] = now
+                                reasons[call] = delay  # type: ignore[assignment]
+                                counted[call] = machine.attempt
+                                continue
+                            # The push below, the same steps.
+                            try:
+                                slot = floor(at * sps)
+                            except OverflowError:
+                                slot = _LAST_SLOT
+                            if slot <= now_slot:
+                                insort(current, (at, call), key=_time)
+                                calendar.heap_ops += 1
+                                calendar.inserts += 1
+                                left -= 1
+                                if left < 0:
+                                    raise _endless()
+                                continue
+                            try:
+                                wheel[slot].append((at, call))  # type: ignore[union-attr]
+                            except (IndexError, AttributeError):
+                                add(at, call, slot)
+                        served[index] += count
+                        last, call = current[-1]
+                        # The general loop's end: the last event's time, or
+                        # the end of its request when it was served.
+                        served_end = ends[call]
+                        end = (
+                            served_end
+                            if served_end is not None
+                            and served_end > last
+                            and reasons[call] is None
+                            else last
                         )
-                        if isinstance(delay, str):
-                            ends[call], reasons[call] = now, delay
-                            continue
-                        at = now + delay
-                        # The push below, the same steps.
-                        slot = at * _SLOTS_PER_SECOND
-                        slot = slot // 1.0 if slot < _LAST_SLOT else _LAST_SLOT
-                        if slot <= now_slot:
-                            insort(current, (at, call), key=_time)
-                            calendar.heap_ops += 1
-                            calendar.inserts += 1
-                            left -= 1
-                            if left < 0:
-                                raise _endless()
-                            continue
-                        try:
-                            slots[slot].append((at, call))
-                        except KeyError:
-                            slots[slot] = [(at, call)]
-                            heappush(later, slot)
-                            calendar.heap_ops += 1
                     load[index] += len(current)
-                    during_outage += len(current)
-                    last = end = current[-1][0]
                     continue
             # The slot's events in order; a wait under a millisecond is
             # inserted behind the event being run, and the loop reaches it.
@@ -285,6 +322,9 @@ class _Run:
                     if guard is not None:
                         guard.record(now, call, None)
                     ends[call], reasons[call] = now, None
+                    machine = machines[call]
+                    if machine is not None:
+                        counted[call] = machine.attempt
                     continue
                 # No machine yet: this is the call's first attempt (its
                 # machine is made at its first failure, below).
@@ -327,6 +367,8 @@ class _Run:
                                 # without a guard: no event for it.
                                 if at < stop:
                                     ends[call], reasons[call] = at, None
+                                    if machine is not None:
+                                        counted[call] = machine.attempt
                                     if at > end:  # noqa: PLR1730 - max()
                                         end = at
                                 continue
@@ -357,11 +399,15 @@ class _Run:
                     )
                     if isinstance(delay, str):
                         ends[call], reasons[call] = now, delay
+                        counted[call] = machine.attempt
                         continue
                     at = now + delay
-                # Push (at, call): the calendar's push, inlined (`_slot`).
-                slot = at * _SLOTS_PER_SECOND
-                slot = slot // 1.0 if slot < _LAST_SLOT else _LAST_SLOT
+                # Push (at, call): the calendar's push, inlined (`_slot`,
+                # then `_Calendar.add` when the slot has no list yet).
+                try:
+                    slot = floor(at * sps)
+                except OverflowError:
+                    slot = _LAST_SLOT
                 if slot <= now_slot:
                     # Due within the slot being run (a wait under a
                     # millisecond): in its place among the rest, after the
@@ -374,11 +420,9 @@ class _Run:
                         raise _endless()
                     continue
                 try:
-                    slots[slot].append((at, call))
-                except KeyError:
-                    slots[slot] = [(at, call)]
-                    heappush(later, slot)
-                    calendar.heap_ops += 1
+                    wheel[slot].append((at, call))  # type: ignore[union-attr]
+                except (IndexError, AttributeError):
+                    add(at, call, slot)
             else:
                 continue
             break
@@ -390,65 +434,33 @@ class _Run:
         return Calls(
             self.times,
             self.ends,
-            [1 if m is None else m.attempt for m in self.machines],
+            [
+                1 if m is None else m if type(m) is int else m.attempt  # type: ignore[union-attr]
+                for m in self.machines
+            ],
             self.reasons,
         )
 
     def result(self) -> SimulationResult:
-        config = self.config
-        load, served = self.load, self.served
-        end = self.end
-        if config.duration is not None:
-            end = config.duration
-            size = max(1, math.ceil(config.duration / config.bucket - 1e-9))
-            load = (load + [0] * size)[:size]
-            served = (served + [0] * size)[:size]
-        calls = self.calls()
+        """What the run measured (`_result.collect`)."""
         guard = self.guard
-        if isinstance(guard, _FleetGuard):
-            transitions = tuple(guard.transitions)
-            machine, budget = guard.breaker, guard.budget
-        else:
-            transitions, machine, budget = (), None, None
-        figures = _summarize(
-            config,
-            load,
-            calls,
-            self.last,
-            self.overload_end,
+        fleet = guard if isinstance(guard, _FleetGuard) else None
+        return collect(
+            self.config,
+            self.load,
+            self.served,
+            self.calls(),
+            end=self.end,
+            last=self.last,
+            overload_end=self.overload_end,
             refused=self.refused,
             during_outage=self.during_outage,
-        )
-        if machine is not None:
-            closed = [t.at for t in transitions if t.new is _CLOSED]
-            figures = attrs.evolve(
-                figures,
-                breaker_opened=machine.times_opened,
-                breaker_closed=(
-                    closed[-1] if closed and machine.state is _CLOSED else None
-                ),
-            )
-        if budget is not None:
-            stats = budget.statistics()
-            figures = attrs.evolve(
-                figures,
-                budget_retries=stats.total_retries,
-                budget_refused=stats.refused,
-                budget_calls=stats.total_calls,
-            )
-        return SimulationResult(
-            config=config,
-            load=tuple(load),
-            served=tuple(served),
-            calls=calls,
-            overload_end=self.overload_end,
-            end=end,
-            summary=figures,
-            transitions=transitions,
+            transitions=() if fleet is None else tuple(fleet.transitions),
+            breaker=None if fleet is None else fleet.breaker,
+            budget=None if fleet is None else fleet.budget,
         )
 
 
-_CLOSED: Final = BreakerState.CLOSED
 _NO: Final = "unfinished"
 
 

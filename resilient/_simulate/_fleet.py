@@ -1,12 +1,15 @@
 """
-What the whole simulated fleet shares: the virtual clock, and the guard
-(the circuit breaker and the retry budget of the policy).
+What the whole simulated fleet shares: the virtual clock, the guard (the
+circuit breaker and the retry budget of the policy), the dependency's
+errors, and when the calls start.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import math
+import random
 from typing import TYPE_CHECKING, Any, Final, Protocol, final
 
 from resilient import CircuitOpen, RetryBudget
@@ -146,3 +149,48 @@ def _guard(config: SimulationConfig, clock: _VirtualClock) -> _Guard | None:
     if policy.breaker is None and policy.retry_budget is None:
         return None
     return _FleetGuard(policy, clock)
+
+
+class _DownError(ConnectionError):
+    """The dependency is down (the outage)."""
+
+
+class _OverloadedError(ConnectionError):
+    """The dependency refused a request beyond its capacity."""
+
+
+_DOWN: Final = _DownError("simulated outage")
+_OVERLOADED: Final = _OverloadedError("simulated overload")
+
+
+_MAX_ATTEMPTS_PER_CLIENT: Final = 100_000
+
+
+def _endless() -> RuntimeError:
+    return RuntimeError(
+        "simulate(): the clients retry without end; give the policy a "
+        "backoff that waits, or fewer attempts"
+    )
+
+
+def start_times(config: SimulationConfig) -> list[float]:
+    """
+    When each call starts: the clients within the spread, then the steady
+    calls (a Poisson process) until ``rate_until``.
+    """
+    # Separate streams, so that changing the policy keeps start times
+    # and adding steady traffic keeps the burst's.
+    starts = random.Random(f"{config.seed}:starts")
+    uniform, spread = starts.uniform, config.spread
+    times = [uniform(0.0, spread) for _ in range(config.clients)]
+    if config.rate > 0:
+        arrivals = random.Random(f"{config.seed}:arrivals")
+        # `arrivals.expovariate(rate)`, its formula inline (a frame
+        # less per call, the same floats: the tests check it).
+        draw, log, rate = arrivals.random, math.log, config.rate
+        until, append = config.rate_until, times.append
+        at = -log(1.0 - draw()) / rate
+        while at < until:
+            append(at)
+            at += -log(1.0 - draw()) / rate
+    return times

@@ -6,6 +6,7 @@ client and `AsyncRedisBackend` on its asyncio client, over the commands of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
@@ -45,32 +46,104 @@ __all__ = ["AsyncRedisBackend", "RedisBackend"]
 _POOL_OPTIONS: Final = ("socket_timeout", "socket_connect_timeout")
 
 
-def _bound_handshake(pool: Any, limit: float) -> None:
+def _new_connection(pool: Any, limit: float) -> Any:
     """
-    Give a connection the pool makes for this call no more than *limit*
-    for its connect and handshake (its later reads get their own limit).
-    Shared by the pool's threads: a racing call may use another's limit,
-    which is at most the URL's timeout either way.
+    A connection of *pool*'s class and options (TLS, password, database,
+    every URL option), not yet connected, whose connect and handshake take
+    no more than *limit* (its later reads get their own limit). Made here,
+    not checked out: the pool's checkout and release count it in a strong
+    set and against ``max_connections``, and an interrupt inside either
+    (or between a checkout and our ``try``) left it counted for good.
     """
-    kwargs = pool.connection_kwargs
+    kwargs = dict(pool.connection_kwargs)
     for option in _POOL_OPTIONS:
         kwargs[option] = limit
+    return pool.connection_class(**kwargs)
+
+
+def _too_many(limit: int) -> rx.ConnectionError:
+    # What redis-py's pool raised past its max_connections.
+    return rx.ConnectionError(
+        f"Too many connections (max_connections={limit})"
+    )
+
+
+@final
+class _Count:
+    """
+    The connections a backend has open, against the URL's
+    ``max_connections`` (redis-py's default if none). Updated by plain
+    ``+=``/``-=`` statements, which have no call or backward jump: CPython
+    checks for a signal, an asynchronous exception or a thread switch at
+    neither, so no update is ever half done or lost to another thread.
+    """
+
+    __slots__ = ("limit", "open")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open = 0
+
+
+@final
+class _Kept:
+    """
+    One connection of `RedisBackend` and the place it takes in `_Count`:
+    the only strong reference to the connection, held by the idle list or
+    by the one call using it. Closed by that owner, or else when the last
+    reference to it goes (`__del__`): an interrupt that lands between an
+    ``idle.pop()`` and the ``try`` that owns what it returned drops the
+    popped value from the stack, and CPython frees it there and then (a
+    `_Kept` is in no reference cycle, where redis-py's connections are).
+    So a connection is idle, in use, or closed and uncounted; never lost.
+    """
+
+    __slots__ = ("conn", "count")
+
+    def __init__(self, count: _Count, conn: Any) -> None:
+        # No call between the count and the assignment that `close` reads:
+        # an interrupt lands before both (at this method's start) or after.
+        self.count = count
+        count.open += 1
+        self.conn = conn
+
+    def close(self) -> None:
+        """Disconnect the connection and give its place back, once."""
+        conn, self.conn = self.conn, None  # Taken with no call: atomic.
+        if conn is None:
+            return
+        self.count.open -= 1
+        try:
+            conn.disconnect()
+        except BaseException:
+            conn.disconnect()  # An interrupt stopped the first one midway.
+            raise
+
+    def __del__(self) -> None:
+        # Not contextlib.suppress: a finaliser makes as few calls as it can.
+        try:  # noqa: SIM105
+            self.close()
+        except Exception:  # noqa: BLE001, S110 - at exit, or half made
+            pass
 
 
 @final
 class RedisBackend:
     """
-    `LockBackend` on redis-py's sync client (one connection pool).
+    `LockBackend` on redis-py's sync client.
 
-    A connection that answered is kept out of the pool, in `_idle`, for
-    the next call (`_IDLE` at most): taking it is a list pop, where the
-    pool's checkout takes a lock, records its metrics and polls the socket
-    for stray data. Only a connection whose reply was read in full goes
-    back; one that failed, or that an interrupt stopped mid-call, is
-    disconnected and returned to the pool. A kept connection the server
-    closed meanwhile (an idle timeout, a restart) fails at once on its
-    next use: that call is sent once more on a fresh connection, which is
-    harmless, since every script is idempotent on the owner token.
+    The backend makes its connections from the URL's pool options and
+    keeps those that answered, in `_idle`, for the next call (`_IDLE` at
+    most): taking one is a list pop, where the pool's checkout takes a
+    lock, records its metrics and polls the socket for stray data. Only a
+    connection whose reply was read in full is kept; one that failed, or
+    that an interrupt stopped mid-call, is disconnected. A kept connection
+    the server closed meanwhile (an idle timeout, a restart) is seen by
+    the poll before use and replaced; one that fails later is retried
+    once by the lock, which is harmless, since every script is idempotent
+    on the owner token. Each connection is held by a `_Kept`, so that an
+    interrupt at any point of a call loses neither it nor its place in
+    ``max_connections``.
     """
 
     scheme = "redis"
@@ -82,7 +155,8 @@ class RedisBackend:
         self._pool: redis.ConnectionPool = redis.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
-        self._idle: list[Any] = []
+        self._count = _Count(self._pool.max_connections)
+        self._idle: list[_Kept] = []
         self._hub, self._unhub = _hub(options)
         self._options = options
         _KEEPERS.add(self)
@@ -90,64 +164,60 @@ class RedisBackend:
     def __repr__(self) -> str:
         return f"RedisBackend(namespace={self._commands.namespace!r})"
 
-    def _fresh(self, command: Command) -> Any:
-        """A connection from the pool, connected within the call's limit."""
-        _bound_handshake(self._pool, command.limit)
-        try:
-            return self._pool.get_connection()
-        except (rx.RedisError, OSError) as exc:
+    def _fresh(self, command: Command) -> _Kept:
+        """A new connection, connected within the call's limit."""
+        count = self._count
+        if count.open >= count.limit:
+            exc = _too_many(count.limit)
             raise backend_error(exc, command, self._options) from exc
-
-    def _drop(self, conn: Any) -> None:
-        """Disconnect *conn* (its reply may be unread) and give it back."""
+        kept = _Kept(count, _new_connection(self._pool, command.limit))
         try:
-            conn.disconnect()
-        finally:
-            self._pool.release(conn)
-
-    def _keep(self, conn: Any) -> None:
-        """*conn*'s reply was read in full: keep it for the next call."""
-        if len(self._idle) < _IDLE:
-            self._idle.append(conn)
-        else:
-            self._pool.release(conn)
-
-    def _take(self, command: Command) -> Any:
-        """A kept connection that is still open, or one from the pool."""
-        idle = self._idle
-        while idle:
-            try:
-                conn = idle.pop()
-            except IndexError:  # Another thread took the last one.
-                break
-            try:
-                # As the pool's checkout does: a connection the server
-                # closed (or one with stray data) reads as ready.
-                if not conn.can_read():
-                    return conn
-            except (rx.RedisError, OSError):
-                pass
-            self._drop(conn)
-        return self._fresh(command)
-
-    def _run(self, command: Command) -> Any:
-        """One call on a connection; kept if it answered, else dropped."""
-        if command.limit <= 0:
-            raise _timed_out(command, self._options.where)
-        # The connection is taken inside the ``try`` that drops it (as the
-        # async twin does): an interrupt landing between the checkout and
-        # the call no longer leaves it checked out of the pool for good.
-        conn: Any = None
-        try:
-            conn = self._take(command)
-            reply = self._call(conn, command, command.limit)
+            kept.conn.connect()
         except BaseException as exc:
-            if conn is not None:
-                self._drop(conn)
+            kept.close()
             if isinstance(exc, rx.RedisError | OSError):
                 raise backend_error(exc, command, self._options) from exc
             raise
-        self._keep(conn)
+        return kept
+
+    def _take(self, idle: list[_Kept], command: Command) -> _Kept:
+        """A kept connection that is still open, or a new one."""
+        while True:
+            try:
+                kept = idle.pop()
+            except IndexError:
+                return self._fresh(command)
+            try:
+                # As the pool's checkout does: a connection the server
+                # closed (or one with stray data) reads as ready.
+                stale = kept.conn.can_read()
+            except (rx.RedisError, OSError):
+                stale = True
+            except BaseException:
+                kept.close()
+                raise
+            if not stale:
+                return kept
+            kept.close()
+
+    def _run(self, command: Command) -> Any:
+        """One call on a connection; kept if it answered, else closed."""
+        if command.limit <= 0:
+            raise _timed_out(command, self._options.where)
+        idle = self._idle
+        kept = self._take(idle, command)
+        try:
+            reply = self._call(kept.conn, command, command.limit)
+        except BaseException as exc:
+            kept.close()
+            if isinstance(exc, rx.RedisError | OSError):
+                raise backend_error(exc, command, self._options) from exc
+            raise
+        # From the end of the ``try`` to the append there is no call, so
+        # no interrupt: the connection is closed by the handler or kept.
+        idle.append(kept)
+        if len(idle) > _IDLE:
+            _trim(idle)
         return reply
 
     @staticmethod
@@ -181,20 +251,33 @@ class RedisBackend:
         return self._hub.watch(self._commands.channel(key), notify)
 
     def close(self) -> None:
+        """Close the kept connections; those in use close as their calls
+        end (they go back to the list taken here, which nothing holds)."""
         self._unhub()
-        self._idle = []
-        self._pool.disconnect()
+        idle, self._idle = self._idle, []
+        while idle:
+            idle.pop().close()
 
     def _forked(self) -> None:
-        """In a forked child: the kept connections are the parent's."""
+        """In a forked child: the kept connections are the parent's (closed
+        here without a shutdown, which would end them for the parent)."""
+        self._count = _Count(self._count.limit)
         self._idle = []
+
+
+def _trim(idle: list[_Kept]) -> None:
+    """Close the oldest kept connection (a pop: freed if interrupted)."""
+    with contextlib.suppress(IndexError):  # Another thread took the last.
+        idle.pop(0).close()
 
 
 @final
 class AsyncRedisBackend:
     """
-    `AsyncLockBackend` on redis-py's asyncio client; keeps answered
-    connections out of the pool as `RedisBackend` does.
+    `AsyncLockBackend` on redis-py's asyncio client; makes and keeps its
+    connections as `RedisBackend` does, in one event loop (one thread), so
+    a connection goes from the idle list to the call's ``try`` and back by
+    statements with no call between them, where no interrupt can land.
     """
 
     scheme = "redis"
@@ -206,7 +289,9 @@ class AsyncRedisBackend:
         self._pool: Any = redis.asyncio.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
+        self._count = _Count(self._pool.max_connections)
         self._idle: list[Any] = []
+        self._closed = False
         self._hub, self._unhub = _hub(options)
         self._options = options
         _KEEPERS.add(self)
@@ -222,33 +307,60 @@ class AsyncRedisBackend:
         try:
             with anyio.fail_after(command.limit):
                 if idle:
-                    conn = idle.pop()
+                    # Not idle.pop(): an interrupt after that call returned
+                    # would drop the connection from the stack, uncounted.
+                    conn = idle[-1]
+                    del idle[-1]
                     # The pool's own check at checkout: reconnects one the
                     # server closed while it was kept.
                     await self._pool.ensure_connection(conn)
                 else:
-                    _bound_handshake(self._pool, command.limit)
-                    conn = await self._pool.get_connection()
+                    conn = await self._fresh(command)
                 reply = await self._call(conn, command)
         except BaseException as exc:
-            if conn is not None:
-                await self._adrop(conn)
+            if conn is not None and conn not in idle:
+                # No call from the test to the count: it is exact even if
+                # an interrupt stops the disconnect.
+                self._count.open -= 1
+                await _disconnect(conn)
             if isinstance(exc, rx.RedisError | OSError):
                 raise backend_error(exc, command, self._options) from exc
             raise
-        if len(idle) < _IDLE:
-            idle.append(conn)
-        else:
-            await self._pool.release(conn)
+        # No call from the ``with`` block's exit to the append, so no
+        # interrupt: the connection is dropped by the handler or kept.
+        idle.append(conn)
+        if len(idle) > _IDLE or self._closed:
+            await self._trim(idle)
         return reply
 
-    async def _adrop(self, conn: Any) -> None:
-        """Disconnect *conn* and give it back, shielded from cancellation."""
-        with anyio.CancelScope(shield=True):
+    async def _fresh(self, command: Command) -> Any:
+        """A new connection, connected within the call's limit (in the
+        caller's ``fail_after``); its ``return`` and the caller's
+        assignment have no call between them."""
+        count = self._count
+        if count.open >= count.limit:
+            raise _too_many(count.limit)
+        conn = _new_connection(self._pool, command.limit)
+        count.open += 1
+        try:
+            await self._pool.ensure_connection(conn)
+        except BaseException:
+            count.open -= 1
+            await _disconnect(conn)
+            raise
+        return conn
+
+    async def _trim(self, idle: list[Any]) -> None:
+        """Close the oldest kept connection."""
+        if idle:
+            conn = idle[0]
+            del idle[0]
+            self._count.open -= 1
             try:
-                await conn.disconnect(nowait=True)
-            finally:
-                await self._pool.release(conn)
+                await _disconnect(conn)
+            except BaseException:
+                await _disconnect(conn)  # Interrupted at its start.
+                raise
 
     @staticmethod
     async def _call(conn: Any, command: Command) -> Any:
@@ -281,13 +393,29 @@ class AsyncRedisBackend:
         return self._hub.watch(self._commands.channel(key), notify)
 
     async def aclose(self) -> None:
+        """Close the kept connections; those in use close as their calls
+        end."""
         self._unhub()
-        self._idle = []
-        await self._pool.disconnect()
+        self._closed = True
+        idle = self._idle
+        while idle:
+            await self._trim(idle)
 
     def _forked(self) -> None:
         """In a forked child: the kept connections are the parent's."""
+        self._count = _Count(self._count.limit)
         self._idle = []
+
+
+async def _disconnect(conn: Any) -> None:
+    """Disconnect an asyncio connection (its reply may be unread),
+    shielded from cancellation."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await conn.disconnect(nowait=True)
+        except BaseException:
+            await conn.disconnect(nowait=True)  # Stopped midway.
+            raise
 
 
 #: Answered connections a backend keeps out of its pool for the next call.

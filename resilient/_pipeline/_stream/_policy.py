@@ -241,6 +241,15 @@ class PolicyStream:
         own = isinstance(error, DeadlineExceeded) and (
             error.deadline == self._at
         )
+        if own and type(error) is DeadlineExceeded and error.limit is None:
+            # The item's own timeout: its makers knew only the time.
+            call = self._call
+            error._ended_attempt(  # noqa: SLF001
+                self._policy.name,
+                1 if call is None else call.attempt,
+                "item",
+                self._policy.timeout or 0.0,
+            )
         if self.delivered and isinstance(error, Exception):
             self._note(error, own=own)
         return tickets, error, own
