@@ -76,6 +76,7 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
         self.seen: list[tuple[str, str, dict[str, str]]] = []
         self._scripts: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._recorded = threading.Condition(self._lock)
         self._thread = threading.Thread(
             target=self.serve_forever, args=(0.02,), daemon=True
         )
@@ -84,6 +85,20 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     def record(self, method: str, path: str, headers: dict[str, str]) -> None:
         with self._lock:
             self.seen.append((method, path, headers))
+            self._recorded.notify_all()
+
+    def wait_seen(
+        self, n: int, timeout: float = 5.0
+    ) -> list[tuple[str, str, dict[str, str]]]:
+        """
+        `seen`, once it holds at least *n* requests (or after *timeout*
+        seconds): a client that gave up on its read timeout can be done
+        before the thread serving its last request has read it, on a
+        loaded machine.
+        """
+        with self._lock:
+            self._recorded.wait_for(lambda: len(self.seen) >= n, timeout)
+            return list(self.seen)
 
     def next_status(self, name: str, codes: str) -> int:
         statuses = [int(c) for c in codes.split(",")]

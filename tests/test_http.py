@@ -147,7 +147,7 @@ def test_post_without_a_key_is_not_repeated(server: Server) -> None:
         with pytest.raises(httpx.ReadTimeout):
             post("/slow")
         assert post("/script/c/503,200") == 200
-    paths = [p for _, p, _ in server.seen]
+    paths = [p for _, p, _ in server.wait_seen(4)]
     assert paths.count("/script/b/502,200") == 1
     assert paths.count("/slow") == 1
     assert paths.count("/script/c/503,200") == 2
@@ -351,7 +351,7 @@ def test_default_retries_resets_and_read_timeouts(
         driver.run(resilient.retry(_default_policy())(get))
     assert type(info.value).__module__.partition(".")[0] == client
     assert "after 3 attempts" in info.value.__notes__[-1]
-    assert [p for _, p, _ in server.seen] == [path] * 3
+    assert [p for _, p, _ in server.wait_seen(3)] == [path] * 3
 
 
 @pytest.mark.parametrize("client", _CLIENTS)

@@ -10,8 +10,7 @@ import pytest
 import requests
 
 import resilient
-from resilient._core import _transient
-from resilient._core._transient import DependencyFailure, Transient
+from resilient._core._transient import DependencyFailure, Transient, _kinds
 from tests.http_server import Server, closed_port
 
 
@@ -218,11 +217,11 @@ def test_base_exceptions_never() -> None:
 
 def test_type_cache_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The per-type cache stops growing at its limit."""
-    monkeypatch.setattr(_transient, "_type_cache", {})
-    monkeypatch.setattr(_transient, "_MAX_CACHED_TYPES", 2)
+    monkeypatch.setattr(_kinds, "_type_cache", {})
+    monkeypatch.setattr(_kinds, "_MAX_CACHED_TYPES", 2)
     for i in range(5):
         TRANSIENT(type(f"E{i}", (Exception,), {})())
-    assert len(_transient._type_cache) == 2
+    assert len(_kinds._type_cache) == 2
 
 
 def test_classifiers_are_frozen_equal_values() -> None:
