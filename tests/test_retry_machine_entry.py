@@ -63,6 +63,7 @@ _BACKOFFS = st.sampled_from(
     [
         resilient.FullJitter(base=0.1, cap=2.0),
         resilient.FullJitter(base=1e-300, cap=1e300),
+        resilient.FullJitter(base=1e-300, cap=1e-299),
         resilient.EqualJitter(base=0.2, cap=5.0),
         resilient.DecorrelatedJitter(base=0.2, cap=5.0),
         resilient.Exponential(base=0.5, cap=4.0),
@@ -106,6 +107,7 @@ def _same(
     waits=st.one_of(st.none(), st.lists(st.floats(0.0, 2.0), max_size=10)),
     testing=st.sampled_from([None, 0, 3]),
     seed=st.integers(0, 2**32),
+    given_now=st.booleans(),
 )
 def test_decide_transient_decides_as_decide_error(
     backoff: Any,
@@ -117,11 +119,13 @@ def test_decide_transient_decides_as_decide_error(
     waits: list[float] | None,
     testing: int | None,
     seed: int,
+    given_now: bool,
 ) -> None:
     """decide_transient() and decide_error() on a transient error without
     a hint, driven in lockstep on twin machines, give the same answers and
     leave the same state, rng and retry budget, whatever the backoff
-    (broken ones too), attempts, budget, admission waits and testing mode."""
+    (broken ones too), attempts, budget, admission waits and testing mode,
+    and whether decide_transient reads the clock or is given its time."""
     assume(attempts is not None or budget is not None)
     policy = Policy(
         retry_on=ConnectionError,
@@ -153,7 +157,8 @@ def test_decide_transient_decides_as_decide_error(
     fast, general = machines
     error = _Down("down")
     for step in steps:
-        answers = [fast.decide_transient(), general.decide_error(error)]
+        now = fast.clock.t if given_now else None  # type: ignore[attr-defined]
+        answers = [fast.decide_transient(now), general.decide_error(error)]
         assert answers[0] == answers[1] or all(
             isinstance(a, float) and math.isnan(a) for a in answers
         )

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Final, final
 
 from resilient._core import _settings, _state
+from resilient._core._backoff import _POWERS_OF_TWO, FullJitter
 from resilient._core._clock import MonotonicClock
 from resilient._core._decisions import (
     DelaySource,
@@ -23,9 +24,8 @@ from resilient._core._decisions import (
     Retry,
 )
 from resilient._core._hints import default_retry_after
-from resilient._core._transient import every_leaf, http_status
+from resilient._core._transient import http_status
 from resilient._retry._asks import (
-    accepts,
     backoff_raised,
     hint,
     not_a_delay,
@@ -51,6 +51,9 @@ __all__ = ["RetryMachine", "RetrySettings", "WrongShell", "note"]
 log: Final = logging.getLogger("resilient")
 _INF: Final = math.inf
 _new: Final = object.__new__
+_TABLED: Final = len(_POWERS_OF_TWO)
+"""The attempts whose `FullJitter` window `decide_transient` computes
+inline: retries 0 to 1023, those of the table."""
 
 
 # What the machine reads of a policy (imported for the protocol's sake: it
@@ -155,37 +158,6 @@ class RetryMachine(MachineRecords):
         if testing.active and testing.attempts is not None:
             limit = min(limit, testing.attempts)
         self._max_attempts = limit
-
-    def attempt_deadline(self) -> float:
-        """The absolute deadline of the attempt about to start."""
-        timeout = self.policy.timeout
-        if timeout is None:
-            return self.deadline
-        return min(self.deadline, self._now() + timeout)
-
-    def is_transient(self, exc: Exception) -> bool:
-        """
-        Whether the policy retries *exc*; a predicate that raises is logged
-        and the error is not retried.
-
-        An `ExceptionGroup` (an error inside a task group) is retried when
-        *retry_on* accepts the group itself or every one of its leaves
-        (the exceptions in it and in its nested groups).
-        """
-        if isinstance(exc, WrongShell):
-            return False
-        if accepts(self.policy, exc):
-            return True
-        if isinstance(exc, ExceptionGroup):
-            return every_leaf(exc, self._accepts_leaf)
-        return False
-
-    def _accepts_leaf(self, leaf: BaseException) -> bool:
-        return (
-            isinstance(leaf, Exception)
-            and not isinstance(leaf, WrongShell)
-            and accepts(self.policy, leaf)
-        )
 
     def on_error(
         self, exc: BaseException, *, own_timeout: bool = False
@@ -309,18 +281,6 @@ class RetryMachine(MachineRecords):
         self._source = "admission"
         return wait
 
-    def _backoff(self) -> float | None:
-        """The backoff's delay; None (logged) when it is not a delay."""
-        backoff = self.policy.backoff
-        try:
-            delay = backoff.delay(self.attempt - 1, self._previous, self.rng)
-            if 0.0 <= delay < math.inf:
-                return delay
-            not_a_delay(self.policy, delay)
-        except Exception:  # noqa: BLE001 - logged: a broken backoff
-            backoff_raised(self.policy)
-        return None
-
     def on_result(self, value: object) -> Retry | GiveUp | None:
         """
         The attempt returned *value*: None accepts it, else retry or give
@@ -403,7 +363,9 @@ class RetryMachine(MachineRecords):
         self.wake = now + delay
         return delay
 
-    def decide_transient(self) -> float | GiveUpReason:  # noqa: PLR0911
+    def decide_transient(  # noqa: PLR0911
+        self, now: float | None = None
+    ) -> float | GiveUpReason:
         """
         `decide_error`'s answer to a transient `Exception` that is not a
         `resilient.exceptions.Rejected` and carries no hint (the policy's
@@ -411,6 +373,10 @@ class RetryMachine(MachineRecords):
         and state changes, in one frame when neither testing mode nor an
         admission wait applies. For a driver that knows its errors (the
         simulator, whose dependency raises two, asked once).
+
+        *now*, when not None, is the time on the machine's clock, which
+        the caller has just read or set (the simulator): the machine does
+        not read it again. None reads the clock.
 
         .. versionadded:: 26.12.0
         """
@@ -420,17 +386,35 @@ class RetryMachine(MachineRecords):
         if self._testing or self.admission_wait is not None:
             return self._next(None)
         policy = self.policy
+        backoff = policy.backoff
         try:
-            delay = policy.backoff.delay(attempt - 1, self._previous, self.rng)
+            if (
+                type(backoff) is FullJitter
+                and attempt > 0
+                and attempt <= _TABLED
+            ):
+                # `FullJitter.delay(attempt - 1, ...)`, inline (a frame
+                # less per retry of the default backoff): the same window
+                # and the same one draw of the same rng, so the same float.
+                window = backoff.base * _POWERS_OF_TWO[attempt - 1]
+                cap = backoff.cap
+                if window < cap:
+                    delay = window * self.rng.random()
+                else:
+                    delay = cap * self.rng.random()
+            else:
+                delay = backoff.delay(attempt - 1, self._previous, self.rng)
             if not (delay >= 0.0 and delay < _INF):  # NaN too; no chain
                 not_a_delay(policy, delay)
                 return "backoff_error"
         except Exception:  # noqa: BLE001 - logged: a broken backoff
             backoff_raised(policy)
             return "backoff_error"
-        # An attribute, then a call: `self._now()` looks for a method, slowly.
-        clock_now = self._now
-        now = clock_now()
+        if now is None:
+            # An attribute, then a call: `self._now()` looks for a method,
+            # slowly.
+            clock_now = self._now
+            now = clock_now()
         if now + delay >= self.deadline:
             return self._late()
         budget = self.retry_budget

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Final
 
 from resilient._core._decisions import GiveUp, Retry, RetryEvent
 from resilient._core._hints import default_retry_after
-from resilient._core._transient import Transient, http_status
-from resilient._retry._asks import hint
+from resilient._core._transient import Transient, every_leaf, http_status
+from resilient._retry._asks import accepts, backoff_raised, hint, not_a_delay
+from resilient._retry._notes import WrongShell
 
 
 if TYPE_CHECKING:
@@ -119,8 +120,9 @@ class MachineRecords:
     """
     The `RetryMachine`'s records of its decisions (`RetryEvent`, `GiveUp`),
     which a driver reading no records never makes, and what it reads
-    besides its decision: an admission wait's spread, a response's hint
-    and whether its request may be sent again.
+    besides its decision: an admission wait's spread (and the outwaiting
+    of a stage's rejection), a response's hint and whether its request
+    may be sent again.
     """
 
     __slots__ = ()
@@ -132,6 +134,8 @@ class MachineRecords:
     _now: Callable[[], float]
     _source: DelaySource
     rng: random.Random
+    deadline: float
+    _previous: float
 
     def _spread(self, wait: float) -> float:
         """
@@ -209,3 +213,46 @@ class MachineRecords:
             reason,
             source,
         )
+
+    def attempt_deadline(self) -> float:
+        """The absolute deadline of the attempt about to start."""
+        timeout = self.policy.timeout
+        if timeout is None:
+            return self.deadline
+        return min(self.deadline, self._now() + timeout)
+
+    def is_transient(self, exc: Exception) -> bool:
+        """
+        Whether the policy retries *exc*; a predicate that raises is logged
+        and the error is not retried.
+
+        An `ExceptionGroup` (an error inside a task group) is retried when
+        *retry_on* accepts the group itself or every one of its leaves
+        (the exceptions in it and in its nested groups).
+        """
+        if isinstance(exc, WrongShell):
+            return False
+        if accepts(self.policy, exc):
+            return True
+        if isinstance(exc, ExceptionGroup):
+            return every_leaf(exc, self._accepts_leaf)
+        return False
+
+    def _accepts_leaf(self, leaf: BaseException) -> bool:
+        return (
+            isinstance(leaf, Exception)
+            and not isinstance(leaf, WrongShell)
+            and accepts(self.policy, leaf)
+        )
+
+    def _backoff(self) -> float | None:
+        """The backoff's delay; None (logged) when it is not a delay."""
+        backoff = self.policy.backoff
+        try:
+            delay = backoff.delay(self.attempt - 1, self._previous, self.rng)
+            if 0.0 <= delay < math.inf:
+                return delay
+            not_a_delay(self.policy, delay)
+        except Exception:  # noqa: BLE001 - logged: a broken backoff
+            backoff_raised(self.policy)
+        return None

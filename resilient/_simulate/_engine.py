@@ -210,7 +210,7 @@ class _Run:
                                     template, now
                                 )
                             delay = (
-                                decide_transient(machine)
+                                decide_transient(machine, now)
                                 if down_fast
                                 else decide(machine, _DOWN, False, down_ok)
                             )
@@ -268,7 +268,7 @@ class _Run:
                                 machine = machines[call] = sibling(
                                     template, now
                                 )
-                            delay = decide_transient(machine)
+                            delay = decide_transient(machine, now)
                             try:
                                 at = now + delay  # type: ignore[operator]
                             except TypeError:
@@ -388,7 +388,7 @@ class _Run:
                     # The machine's decision without its event records, which
                     # nothing here reads.
                     delay = (
-                        decide_transient(machine)
+                        decide_transient(machine, now)
                         if transient and no_hint
                         else decide(
                             machine,
