@@ -56,7 +56,7 @@ import trio
 
 import _harness as h
 import resilient
-from resilient._pipeline import _run
+from resilient._pipeline import _drive
 
 
 T = TypeVar("T")
@@ -363,9 +363,10 @@ class Counter:
         (anyio, "sleep", "anyio.sleep"),
         (anyio.lowlevel, "checkpoint", "checkpoint"),
         (trio, "sleep", "trio.sleep"),
-        # resilient's own zero-delay checkpoint (asyncio's bare yield or
-        # trio's checkpoint, not looked up through anyio).
-        (_run, "checkpoint", "resilient checkpoint"),
+        # resilient's own zero-delay checkpoint on asyncio (a bare yield
+        # to the loop, not looked up through anyio); trio's is counted by
+        # `patched` below.
+        (_drive, "yield_now", "resilient checkpoint"),
     )
 
     def __init__(self) -> None:
@@ -376,15 +377,21 @@ class Counter:
         saved = [
             (mod, attr, getattr(mod, attr)) for mod, attr, _ in self.TARGETS
         ]
+        # On trio the driver asks once per call for trio's checkpoint
+        # function and awaits it per zero-delay retry: count the awaits.
+        real_trio = _drive.trio_checkpoint  # type: ignore[attr-defined]
+        counted_trio = self._wrap("resilient checkpoint", real_trio())
         try:
             for (mod, attr, label), (_, _, orig) in zip(
                 self.TARGETS, saved, strict=True
             ):
                 setattr(mod, attr, self._wrap(label, orig))
+            _drive.trio_checkpoint = lambda: counted_trio  # type: ignore[attr-defined]
             yield self
         finally:
             for mod, attr, orig in saved:
                 setattr(mod, attr, orig)
+            _drive.trio_checkpoint = real_trio  # type: ignore[attr-defined]
 
     def _wrap(self, label: str, orig: Callable[..., Any]) -> Any:
         counts = self.counts
