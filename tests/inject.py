@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import functools
+import itertools
 import linecache
 import sys
 import types
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, final
 
 
-__all__ = ["Landed", "Points", "at_line", "at_point"]
+__all__ = ["Landed", "Points", "at_line", "at_point", "nth_line"]
 
 _CALLS: Final = frozenset(
     op for name, op in dis.opmap.items() if name.startswith("CALL")
@@ -100,6 +101,17 @@ def at_line(
         yield tracer
     finally:
         sys.settrace(previous)
+
+
+def nth_line(n: int) -> Callable[[types.FrameType], bool]:
+    """An `at_line` *when* that is true at the *n*-th line event it is
+    asked about (1 for the first): a sweep raises at each in turn."""
+    count = itertools.count(1)
+
+    def when(frame: types.FrameType) -> bool:
+        return next(count) == n
+
+    return when
 
 
 @final

@@ -40,7 +40,7 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._pipeline import _block, _lazy, _run
 from resilient._pipeline._flow import READY, RUN
 from resilient._timeout import _watchdog
-from tests.inject import Landed, at_line
+from tests.inject import Landed, at_line, nth_line
 
 
 _names = itertools.count()
@@ -243,14 +243,7 @@ def test_an_exception_at_each_line_of_the_async_driver(backend: str) -> None:
             calls.clear()
             waits.clear()
             before = _cancel_state(backend)
-            count = itertools.count(1)
-
-            def nth(
-                frame: types.FrameType,
-                n: int = n,
-                count: itertools.count[int] = count,
-            ) -> bool:
-                return next(count) == n
+            nth = nth_line(n)
 
             kept: list[BaseException] = []  # Alive: nothing may rely on GC.
             try:
@@ -298,14 +291,7 @@ def test_an_exception_at_each_line_of_the_sync_driver() -> None:
     while True:
         n += 1
         calls.clear()
-        count = itertools.count(1)
-
-        def nth(
-            frame: types.FrameType,
-            n: int = n,
-            count: itertools.count[int] = count,
-        ) -> bool:
-            return next(count) == n
+        nth = nth_line(n)
 
         kept: list[BaseException] = []  # Alive: nothing may rely on GC.
         try:

@@ -26,7 +26,7 @@ from resilient._pipeline import _lazy, _run
 from resilient._timeout import _watchdog
 from resilient.exceptions import DeadlineExceeded
 from resilient.testing import FakeClock, use_clock
-from tests.inject import Landed, at_line
+from tests.inject import Landed, at_line, nth_line
 
 
 BACKENDS = ["asyncio", "trio"]
@@ -343,14 +343,7 @@ def test_exceptions_landing_between_steps_leave_nothing_armed(
             n += 1
             before = _cancel_state(backend)
             cleaned.clear()
-            count = itertools.count(1)
-
-            def nth(
-                frame: types.FrameType,
-                n: int = n,
-                count: itertools.count[int] = count,
-            ) -> bool:
-                return next(count) == n
+            nth = nth_line(n)
 
             try:
                 with at_line([_lazy.suspended], nth) as tracer:

@@ -17,7 +17,6 @@ import gc
 import itertools
 import logging
 import math
-import types
 import weakref
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +29,7 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._pipeline import _drive, _flow, _lazy, _run
 from resilient._pipeline._call import Call
 from resilient._timeout import _watchdog
-from tests.inject import Landed, at_line
+from tests.inject import Landed, at_line, nth_line
 
 
 if TYPE_CHECKING:
@@ -267,14 +266,7 @@ def test_an_exception_at_each_line_of_the_unguarded_retry_path(
             calls.clear()
             waits.clear()
             before = _cancel_state(backend)
-            count = itertools.count(1)
-
-            def nth(
-                frame: types.FrameType,
-                n: int = n,
-                count: itertools.count[int] = count,
-            ) -> bool:
-                return next(count) == n
+            nth = nth_line(n)
 
             kept: list[BaseException] = []  # Alive: nothing may rely on GC.
             try:
@@ -326,14 +318,7 @@ def test_an_exception_at_each_line_of_the_unguarded_sync_path() -> None:
     while True:
         n += 1
         calls.clear()
-        count = itertools.count(1)
-
-        def nth(
-            frame: types.FrameType,
-            n: int = n,
-            count: itertools.count[int] = count,
-        ) -> bool:
-            return next(count) == n
+        nth = nth_line(n)
 
         kept: list[BaseException] = []  # Alive: nothing may rely on GC.
         try:

@@ -78,7 +78,7 @@ class PolicyStream:
         """
         call, gen = self._flow()
         try:
-            # Inside the try: see `resilient._pipeline._run.drive`.
+            # Inside the try: see `resilient._pipeline._drive.drive`.
             sent: Any = None
             thrown: BaseException | None = None
             while True:
@@ -110,7 +110,7 @@ class PolicyStream:
         deadline."""
         call, gen = self._flow()
         try:
-            # Inside the try: see `resilient._pipeline._run.drive`.
+            # Inside the try: see `resilient._pipeline._drive.drive`.
             sent: Any = None
             thrown: BaseException | None = None
             while True:
