@@ -18,6 +18,7 @@ import psycopg
 import psycopg.errors
 from psycopg import waiting
 
+from resilient._backends._kept import Kept
 from resilient._backends._postgres._statements import (
     MAX_RENEW_BATCH,
     Options,
@@ -95,44 +96,7 @@ def _connect_seconds(limit: float) -> str:
     return str(max(2, math.ceil(limit)))
 
 
-@final
-class _Kept:
-    """
-    One connection of `PostgresBackend`, and its only strong reference:
-    held by the idle list or by the one call using it. Closed by that
-    owner, or else when the last reference to it goes (`__del__`): an
-    interrupt that lands between an ``idle.pop()`` and the ``try`` that
-    owns what it returned drops the popped value from the stack, and
-    CPython frees it there and then (a `_Kept` is in no reference cycle).
-    So a connection is idle, in use, or closed by the backend; never left
-    for psycopg's finaliser (which warns) nor held after its call.
-    """
-
-    __slots__ = ("conn",)
-
-    def __init__(self, conn: _Connection) -> None:
-        self.conn: _Connection | None = conn
-
-    def close(self) -> None:
-        """Close the connection, once."""
-        conn, self.conn = self.conn, None  # Taken with no call: atomic.
-        if conn is None:
-            return
-        try:
-            conn.close()
-        except BaseException:
-            conn.close()  # An interrupt stopped the first one at its start.
-            raise
-
-    def __del__(self) -> None:
-        # Not contextlib.suppress: a finaliser makes as few calls as it can.
-        try:  # noqa: SIM105
-            self.close()
-        except Exception:  # noqa: BLE001, S110 - at exit, or half made
-            pass
-
-
-def _close_all(idle: list[_Kept]) -> None:
+def _close_all(idle: list[Kept]) -> None:
     """Close every idle connection (another thread may take the last)."""
     with contextlib.suppress(IndexError):
         while idle:
@@ -144,7 +108,7 @@ class PostgresBackend:
     """
     `LockBackend` on psycopg's sync connections (a few kept idle).
 
-    Each connection is held by a `_Kept`; a call takes one from `_idle`
+    Each connection is held by a `Kept`; a call takes one from `_idle`
     with a list pop (atomic, so no lock) and puts it back by an append
     right after the ``try`` that closes it on any exception, so that an
     interrupt at any point of a call leaves no connection held or open.
@@ -157,7 +121,7 @@ class PostgresBackend:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
         self._hub, self._unhub = _hub(options, self._sql.channel)
-        self._idle: list[_Kept] = []
+        self._idle: list[Kept] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
         # Idle connections are closed when the backend goes, at the latest
@@ -167,15 +131,15 @@ class PostgresBackend:
     def __repr__(self) -> str:
         return f"PostgresBackend(table={'.'.join(self._options.table)!r})"
 
-    def _connect(self, limit: float) -> _Kept:
+    def _connect(self, limit: float) -> Kept:
         """
         A new connection, within *limit* seconds (in a helper thread,
         because libpq's own connect timeout is whole seconds, at least 2).
-        The thread hands it over in a `_Kept`, taken by a pop on either
+        The thread hands it over in a `Kept`, taken by a pop on either
         side: once this thread has stopped waiting (the limit, or an
         interrupt in the join), the helper closes one it made too late.
         """
-        made: list[_Kept] = []
+        made: list[Kept] = []
         failed: list[BaseException] = []
         abandoned = threading.Event()
 
@@ -190,7 +154,7 @@ class PostgresBackend:
             except BaseException as exc:  # noqa: BLE001 - handed over
                 failed.append(exc)
                 return
-            made.append(_Kept(conn))
+            made.append(Kept(conn))
             if abandoned.is_set():
                 _close_all(made)  # Unless the caller took it first.
 
@@ -208,7 +172,7 @@ class PostgresBackend:
             raise failed[0]
         raise TimeoutError(f"no connection within {limit:.3f} s")
 
-    def _take(self, idle: list[_Kept], limit: float) -> _Kept:
+    def _take(self, idle: list[Kept], limit: float) -> Kept:
         """A kept connection that is still open, or a new one."""
         while True:
             try:
@@ -220,7 +184,7 @@ class PostgresBackend:
                 return kept
             kept.close()
 
-    def _keep(self, idle: list[_Kept]) -> None:
+    def _keep(self, idle: list[Kept]) -> None:
         """Close what the idle list holds past `MAX_IDLE` (or all of it,
         once the backend is closed)."""
         if self._closed:

@@ -16,6 +16,7 @@ import redis
 import redis.asyncio
 from redis import exceptions as rx
 
+from resilient._backends._kept import Count, Kept
 from resilient._backends._redis._commands import (
     MAX_RENEW_BATCH,
     Command,
@@ -69,62 +70,13 @@ def _too_many(limit: int) -> rx.ConnectionError:
 
 
 @final
-class _Count:
-    """
-    The connections a backend has open, against the URL's
-    ``max_connections`` (redis-py's default if none). Updated by plain
-    ``+=``/``-=`` statements, which have no call or backward jump: CPython
-    checks for a signal, an asynchronous exception or a thread switch at
-    neither, so no update is ever half done or lost to another thread.
-    """
+class _Kept(Kept):
+    """A `Kept` redis-py connection, counted against the URL's
+    ``max_connections`` (redis-py's default if none)."""
 
-    __slots__ = ("limit", "open")
+    __slots__ = ()
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.open = 0
-
-
-@final
-class _Kept:
-    """
-    One connection of `RedisBackend` and the place it takes in `_Count`:
-    the only strong reference to the connection, held by the idle list or
-    by the one call using it. Closed by that owner, or else when the last
-    reference to it goes (`__del__`): an interrupt that lands between an
-    ``idle.pop()`` and the ``try`` that owns what it returned drops the
-    popped value from the stack, and CPython frees it there and then (a
-    `_Kept` is in no reference cycle, where redis-py's connections are).
-    So a connection is idle, in use, or closed and uncounted; never lost.
-    """
-
-    __slots__ = ("conn", "count")
-
-    def __init__(self, count: _Count, conn: Any) -> None:
-        # No call between the count and the assignment that `close` reads:
-        # an interrupt lands before both (at this method's start) or after.
-        self.count = count
-        count.open += 1
-        self.conn = conn
-
-    def close(self) -> None:
-        """Disconnect the connection and give its place back, once."""
-        conn, self.conn = self.conn, None  # Taken with no call: atomic.
-        if conn is None:
-            return
-        self.count.open -= 1
-        try:
-            conn.disconnect()
-        except BaseException:
-            conn.disconnect()  # An interrupt stopped the first one midway.
-            raise
-
-    def __del__(self) -> None:
-        # Not contextlib.suppress: a finaliser makes as few calls as it can.
-        try:  # noqa: SIM105
-            self.close()
-        except Exception:  # noqa: BLE001, S110 - at exit, or half made
-            pass
+    shut = "disconnect"
 
 
 @final
@@ -155,7 +107,7 @@ class RedisBackend:
         self._pool: redis.ConnectionPool = redis.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
-        self._count = _Count(self._pool.max_connections)
+        self._count = Count(self._pool.max_connections)
         self._idle: list[_Kept] = []
         self._hub, self._unhub = _hub(options)
         self._options = options
@@ -170,7 +122,7 @@ class RedisBackend:
         if count.open >= count.limit:
             exc = _too_many(count.limit)
             raise backend_error(exc, command, self._options) from exc
-        kept = _Kept(count, _new_connection(self._pool, command.limit))
+        kept = _Kept(_new_connection(self._pool, command.limit), count)
         try:
             kept.conn.connect()
         except BaseException as exc:
@@ -261,7 +213,7 @@ class RedisBackend:
     def _forked(self) -> None:
         """In a forked child: the kept connections are the parent's (closed
         here without a shutdown, which would end them for the parent)."""
-        self._count = _Count(self._count.limit)
+        self._count = Count(self._count.limit)
         self._idle = []
 
 
@@ -289,7 +241,7 @@ class AsyncRedisBackend:
         self._pool: Any = redis.asyncio.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
-        self._count = _Count(self._pool.max_connections)
+        self._count = Count(self._pool.max_connections)
         self._idle: list[Any] = []
         self._closed = False
         self._hub, self._unhub = _hub(options)
@@ -403,7 +355,7 @@ class AsyncRedisBackend:
 
     def _forked(self) -> None:
         """In a forked child: the kept connections are the parent's."""
-        self._count = _Count(self._count.limit)
+        self._count = Count(self._count.limit)
         self._idle = []
 
 
