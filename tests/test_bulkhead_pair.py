@@ -221,7 +221,7 @@ def test_landing_lines_are_after_calls() -> None:
     assert "permit._ref = ref  # noqa: SLF001" in lines
     assert "return permit" in lines
     assert "m.acquired += 1" not in lines
-    assert "self._holders.add(ref)" not in lines
+    assert "holders.add(ref)" not in lines
 
 
 def _source_lines(fn: Callable[..., Any]) -> tuple[list[str], int]:

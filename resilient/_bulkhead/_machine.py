@@ -175,6 +175,12 @@ class BulkheadMachine:
     finalizer runs Python code (one would swallow an asynchronous exception
     that landed in it, and could not take the lock safely).
 
+    The holders are the count of slots in use (`in_use` is their number,
+    `released` the grants no longer among them): a grant's one set
+    operation adds its slot, a release's or a sweep's one set operation
+    gives it back, and discarding a reference twice frees nothing twice,
+    so no exception between two steps can make the counts disagree.
+
     Args:
         name: The bulkhead's name.
         config: Its configuration.
@@ -189,10 +195,8 @@ class BulkheadMachine:
         "acquired",
         "cancelled",
         "config",
-        "in_use",
         "name",
         "rejected",
-        "released",
         "timed_out",
     )
 
@@ -202,12 +206,21 @@ class BulkheadMachine:
         self._waiters: collections.deque[BulkheadPermit] = collections.deque()
         self._holders: set[weakref.ref[BulkheadPermit]] = set()
         self.configure(config)
-        self.in_use = 0
         self.acquired = 0
-        self.released = 0
         self.rejected = 0
         self.timed_out = 0
         self.cancelled = 0
+
+    @property
+    def in_use(self) -> int:
+        """Slots held now (by permits `_sweep` has not found freed yet
+        too)."""
+        return len(self._holders)
+
+    @property
+    def released(self) -> int:
+        """Slots given back so far: the grants no longer held."""
+        return self.acquired - len(self._holders)
 
     def configure(self, config: BulkheadConfig) -> None:
         """Take *config*'s limits (on a machine that has seen no work)."""
@@ -216,21 +229,21 @@ class BulkheadMachine:
         self._max_waiting = config.max_waiting
 
     # Every grant below is written the same way: the weak reference is made
-    # first (a call), then it, the state and the counts are stored on the
-    # permit and the machine with no call in between, then the reference is
-    # added (a call, after which the state is consistent again). The
-    # pipeline's breaker-then-bulkhead pair (`resilient._bulkhead._pair`)
-    # does `take_new` and the held case of `release` inline: a change to
-    # either is made there too.
+    # first (a call), then it and the state are stored on the permit and the
+    # grant counted with no call in between, then the reference is added (a
+    # call, the slot's take, after which the state is consistent again).
+    # A release stores the state, then discards the reference (a call, the
+    # slot's give-back). The pipeline's breaker-then-bulkhead pair
+    # (`resilient._bulkhead._pair`) does `take_new` and the held case of
+    # `release` inline: a change to either is made there too.
 
     def take(self, permit: BulkheadPermit) -> bool:
         """Give *permit* a free slot if there is one and nobody queues."""
         with self._lock:
-            if self.in_use < self._limit and not self._waiters:
+            if len(self._holders) < self._limit and not self._waiters:
                 ref = weakref.ref(permit)
                 permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
-                self.in_use += 1
                 self.acquired += 1
                 self._holders.add(ref)
                 return True
@@ -250,11 +263,10 @@ class BulkheadMachine:
         permit._bulkhead = bulkhead  # noqa: SLF001
         permit._state = _PENDING  # noqa: SLF001
         with self._lock:
-            if self.in_use < self._limit and not self._waiters:
+            if len(self._holders) < self._limit and not self._waiters:
                 ref = weakref.ref(permit)
                 permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
-                self.in_use += 1
                 self.acquired += 1
                 self._holders.add(ref)
                 return permit
@@ -283,11 +295,10 @@ class BulkheadMachine:
         """
         with self._lock:
             self._sweep()
-            if self.in_use < self._limit and not self._waiters:
+            if len(self._holders) < self._limit and not self._waiters:
                 ref = weakref.ref(permit)
                 permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
-                self.in_use += 1
                 self.acquired += 1
                 self._holders.add(ref)
                 return None
@@ -348,12 +359,9 @@ class BulkheadMachine:
                 # collector clears a permit's weak references before it runs
                 # the finalizer that may release it (a generator collected
                 # in a cycle), and a dead reference equals only itself.
-                ref = permit._ref  # noqa: SLF001
+                # (Nothing if `_sweep` gave the slot back first.)
                 permit._state = _RELEASED  # noqa: SLF001
-                if ref in self._holders:  # Not given back by `_sweep` yet.
-                    self.released += 1
-                    self.in_use -= 1
-                    self._holders.discard(ref)
+                self._holders.discard(permit._ref)  # noqa: SLF001
                 if self._waiters:
                     self._serve()
             elif state == _WAITING:
@@ -374,10 +382,7 @@ class BulkheadMachine:
         queue (a release an exception cut off before it served). Locked.
         """
         holders = self._holders
-        dead = [ref for ref in holders if ref() is None]
-        for ref in dead:
-            self.released += 1
-            self.in_use -= 1
+        for ref in [ref for ref in holders if ref() is None]:
             holders.discard(ref)
         self._serve()
 
@@ -390,12 +395,11 @@ class BulkheadMachine:
                 # A grant cut off before it left the queue, then released.
                 waiters.popleft()
                 continue
-            if self.in_use >= self._limit:
+            if len(self._holders) >= self._limit:
                 return
             ref = weakref.ref(permit)
             permit._ref = ref  # noqa: SLF001
             permit._state = _HELD  # noqa: SLF001
-            self.in_use += 1
             self.acquired += 1
             self._holders.add(ref)
             waiters.popleft()
@@ -405,8 +409,6 @@ class BulkheadMachine:
                 # The waiter's event loop is gone: it will never take the
                 # slot, so it goes to the next one.
                 permit._state = _RELEASED  # noqa: SLF001
-                self.in_use -= 1
-                self.released += 1
                 self._holders.discard(ref)
 
     def reset(self) -> None:
@@ -417,8 +419,7 @@ class BulkheadMachine:
         """
         with self._lock:
             self._sweep()
-            self.acquired = self.in_use
-            self.released = 0
+            self.acquired = len(self._holders)
             self.rejected = 0
             self.timed_out = 0
             self.cancelled = 0
@@ -435,10 +436,10 @@ class BulkheadMachine:
                 name=self.name,
                 max_concurrent=self._limit,
                 max_waiting=self._max_waiting,
-                in_use=self.in_use,
+                in_use=len(self._holders),
                 waiting=len(self._waiters),
                 acquired=self.acquired,
-                released=self.released,
+                released=self.acquired - len(self._holders),
                 rejected=self.rejected,
                 timed_out=self.timed_out,
                 cancelled=self.cancelled,

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Final, final
 from resilient._breaker import SUCCESS, attempt_outcome
 from resilient._bulkhead._machine import (
     _HELD,
-    _PENDING,
     _RELEASED,
     BulkheadPermit,
     _new_permit,
@@ -94,18 +93,17 @@ class BreakerBulkhead:
             return None
         permit = _new_permit(BulkheadPermit)
         permit._bulkhead = self._bulkhead  # noqa: SLF001
-        permit._state = _PENDING  # noqa: SLF001
         permit._outer = ticket  # noqa: SLF001
         m = self._m
+        holders = self._holders
         with self._lock:
             # `BulkheadMachine.take_new`, inline.
-            if m.in_use < m._limit and not self._waiters:  # noqa: SLF001
+            if len(holders) < m._limit and not self._waiters:  # noqa: SLF001
                 ref = _ref(permit)
                 permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
-                m.in_use += 1
                 m.acquired += 1
-                self._holders.add(ref)
+                holders.add(ref)
                 return permit
         return None
 
@@ -114,19 +112,14 @@ class BreakerBulkhead:
     ) -> None:
         """Free the slot, then count the attempt (never its own timeout:
         a bare attempt has none)."""
-        m = self._m
         with self._lock:
             # `BulkheadMachine.release`, inline: a permit of this pair is
             # held or already released (never queued).
             if permit._state == _HELD:  # noqa: SLF001
-                ref = permit._ref  # noqa: SLF001
                 permit._state = _RELEASED  # noqa: SLF001
-                if ref in self._holders:
-                    m.released += 1
-                    m.in_use -= 1
-                    self._holders.discard(ref)
+                self._holders.discard(permit._ref)  # noqa: SLF001
                 if self._waiters:
-                    m._serve()  # noqa: SLF001
+                    self._m._serve()  # noqa: SLF001
         # The ticket's two fields as arguments: no ``*ticket`` (a call
         # that builds its arguments' tuple).
         ticket = permit._outer  # noqa: SLF001
@@ -141,18 +134,13 @@ class BreakerBulkhead:
     ) -> Awaitable[None]:
         """Free the slot, then the breaker's settle to await, or `DONE`
         when cancelled (`BreakerStage.afast_settle`)."""
-        m = self._m
         with self._lock:
             # As in `fast_settle`.
             if permit._state == _HELD:  # noqa: SLF001
-                ref = permit._ref  # noqa: SLF001
                 permit._state = _RELEASED  # noqa: SLF001
-                if ref in self._holders:
-                    m.released += 1
-                    m.in_use -= 1
-                    self._holders.discard(ref)
+                self._holders.discard(permit._ref)  # noqa: SLF001
                 if self._waiters:
-                    m._serve()  # noqa: SLF001
+                    self._m._serve()  # noqa: SLF001
         ticket = permit._outer  # noqa: SLF001
         if exc is None:
             return self._asettle_closed(ticket[0], ticket[1], SUCCESS)  # type: ignore[index]
