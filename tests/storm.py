@@ -66,7 +66,14 @@ import resilient
 from resilient.exceptions import DeadlineExceeded, ScopeCancelled
 
 
-__all__ = ["Storm", "StormResult", "interrupt_storm", "storm", "untraced"]
+__all__ = [
+    "Storm",
+    "StormResult",
+    "interrupt_storm",
+    "storm",
+    "unlocked",
+    "untraced",
+]
 
 untraced: Final = pytest.mark.skipif(
     sys.gettrace() is not None,
@@ -82,6 +89,21 @@ class Storm(BaseException):
 _set_async_exc: Final = ctypes.pythonapi.PyThreadState_SetAsyncExc
 _set_async_exc.argtypes = (ctypes.c_ulong, ctypes.py_object)
 _set_async_exc.restype = ctypes.c_int
+
+
+def unlocked(lock: threading.Lock | threading.RLock) -> bool:
+    """
+    Whether *lock* is free: held by no thread, this one included (an
+    `threading.RLock` has no ``locked()`` before Python 3.14, and this
+    thread could take it again without waiting).
+    """
+    owned = getattr(lock, "_is_owned", None)
+    if owned is not None and owned():
+        return False
+    if not lock.acquire(blocking=False):
+        return False
+    lock.release()
+    return True
 
 
 def _throw(ident: int, exc: type[BaseException] | None) -> int:

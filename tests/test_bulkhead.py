@@ -164,6 +164,28 @@ class TestMachine:
         assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
         assert permit.released
 
+    def test_a_release_inside_a_locked_step_completes(self) -> None:
+        """A release from the thread that already holds the machine's lock
+        (what a finalizer does when a collection runs inside one of the
+        machine's locked steps) gives the slot back instead of waiting for
+        its own thread forever."""
+        bh = self.bulkhead(1)
+        permit = self.taken(bh)
+        m = bh._machine
+        done = threading.Event()
+
+        def release_inside() -> None:
+            with m._lock:
+                permit.release()
+            done.set()
+
+        worker = threading.Thread(target=release_inside, daemon=True)
+        worker.start()
+        assert done.wait(10), "the release waited for its own thread"
+        worker.join()
+        stats = bh.statistics()
+        assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+
     def test_grants_until_full(self) -> None:
         """Free slots are taken at once; then take says no."""
         bh = self.bulkhead(2)

@@ -12,6 +12,8 @@ import dis
 import gc
 import inspect
 import itertools
+import signal
+import threading
 import types
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -29,6 +31,7 @@ from resilient._core._done import DONE
 from resilient._pipeline import _run
 from resilient._pipeline._guards import Guards
 from tests.inject import Landed, at_line
+from tests.storm import unlocked
 
 
 _names = itertools.count()
@@ -66,7 +69,7 @@ def _pair(policy: resilient.Policy) -> tuple[BreakerBulkhead, Bulkhead]:
 def _counts(bh: Bulkhead) -> tuple[int, int, int]:
     gc.collect()
     s = bh.statistics()
-    assert not bh._machine._lock.locked()
+    assert unlocked(bh._machine._lock)
     return s.in_use, s.acquired, s.released
 
 
@@ -165,16 +168,24 @@ def _landing_lines(fn: Callable[..., Any]) -> frozenset[int]:
     calls = {"CALL", "CALL_KW", "CALL_FUNCTION_EX"}
     lines: set[int] = set()
     ins = [i for i in dis.get_instructions(code) if i.opname != "RESUME"]
+    at = {i.offset: k for k, i in enumerate(ins)}
     lines.add(ins[0].positions.lineno)  # type: ignore[union-attr,arg-type]
     for k, i in enumerate(ins):
         if i.opname not in calls:
             continue
         here = i.positions.lineno  # type: ignore[union-attr]
-        for j in ins[k + 1 :]:
-            line = j.positions.lineno  # type: ignore[union-attr]
+        j = k + 1
+        while j < len(ins):
+            if ins[j].opname == "JUMP_FORWARD":
+                # The line that runs next, not the handler laid out next
+                # (after the unlock in a ``finally``).
+                j = at[ins[j].argval]
+                continue
+            line = ins[j].positions.lineno  # type: ignore[union-attr]
             if line is not None and line != here:
                 lines.add(line)
                 break
+            j += 1
     # The line after the last call of a ``with`` block can be the
     # statement's own line, where its exit begins: an exception landing
     # after that call is inside the block (its exit runs), but a tracer
@@ -354,3 +365,58 @@ def test_the_sweep_reaches_the_pair() -> None:
 def _line(fn: Callable[..., Any], n: int) -> str:
     src, start = _source_lines(fn)
     return src[n - start]
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="SIGALRM")
+@pytest.mark.parametrize("step", ["admit", "settle"])
+def test_an_interrupted_wait_for_the_lock_frees_nobody_elses(
+    step: str,
+) -> None:
+    """
+    A signal whose handler raises while the pair waits for the machine's
+    lock (another thread holds it) ends the wait with that exception, not
+    another: the pair does not release the other thread's hold (it takes
+    the lock without ``with``, and releases only its own), and changes
+    nothing; an admission took no slot, a settle's slot is freed by the
+    drop that follows.
+    """
+    policy = _policy()
+    pair, bh = _pair(policy)
+    m = bh._machine
+    permit = pair.fast_admit() if step == "settle" else None
+    held, go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with m._lock:
+            held.set()
+            go.wait(10)
+
+    worker = threading.Thread(target=holder)
+    worker.start()
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Landed
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        assert held.wait(10)
+        signal.setitimer(signal.ITIMER_REAL, 0.005)
+        with pytest.raises(Landed):
+            if permit is None:
+                pair.fast_admit()
+            else:
+                pair.fast_settle(permit, None)
+        # The other thread's hold is intact.
+        assert not m._lock.acquire(blocking=False)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        go.set()
+        worker.join()
+    if permit is None:
+        assert _counts(bh) == (0, 0, 0)
+    else:
+        assert not permit.released
+        assert _counts(bh) == (1, 1, 0)
+        pair.fast_drop(permit)
+        assert _counts(bh) == (0, 1, 1)

@@ -21,7 +21,7 @@ import pytest
 
 import resilient
 from resilient._bulkhead import Bulkhead, BulkheadStatistics, bulkhead
-from tests.storm import interrupt_storm, storm
+from tests.storm import interrupt_storm, storm, unlocked
 
 
 pytestmark = pytest.mark.skipif(
@@ -50,7 +50,7 @@ def settled(bh: Bulkhead) -> BulkheadStatistics:
     """The statistics once every dropped permit has been collected."""
     gc.collect()
     s = bh.statistics()
-    assert not bh._machine._lock.locked()
+    assert unlocked(bh._machine._lock)
     return s
 
 

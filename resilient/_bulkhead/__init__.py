@@ -42,9 +42,13 @@ taken until after it is given back, and every step on it is recoverable:
   eval-breaker checks (where asynchronous exceptions land: after a call
   returns, at a function's first line, on a backward jump) see a
   consistent state: the permit's state and the counters are stored with no
-  call in between, and the queue is popped or appended after them. A grant
-  whose wake-up an exception cut off is found by the waiter's own re-check
-  (`RECHECK`).
+  call in between, and the queue is popped or appended after them. The
+  held permits' set is the count of slots in use, so a grant's add and a
+  release's discard each take or give back the slot in one call, and a
+  second discard frees nothing. A grant whose wake-up an exception cut off
+  is found by the waiter's own re-check (`RECHECK`).
+- The lock is a `threading.RLock`: the pipeline's pair takes it without
+  ``with`` and releases only what this thread holds (see `_pair`).
 
 Every step is tested by an interrupt storm (``tests/test_bulkhead_storm.py``).
 

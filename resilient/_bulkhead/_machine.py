@@ -202,7 +202,11 @@ class BulkheadMachine:
 
     def __init__(self, name: str, config: BulkheadConfig) -> None:
         self.name = name
-        self._lock = threading.Lock()
+        # An RLock for the owner its release checks: the pipeline's pair
+        # takes it without ``with`` (`resilient._bulkhead._pair`). (And a
+        # finalizer that a collection runs inside a locked step, in the
+        # thread that holds the lock, releases instead of deadlocking.)
+        self._lock = threading.RLock()
         self._waiters: collections.deque[BulkheadPermit] = collections.deque()
         self._holders: set[weakref.ref[BulkheadPermit]] = set()
         self.configure(config)

@@ -16,10 +16,22 @@ and settle, and the permit carries the breaker's ticket (no pair).
 The inline steps are `BulkheadMachine.take_new` and the held case of
 `BulkheadMachine.release`, written as those are (see the machine's
 comment on grants): the weak reference made first, then the state and
-the counts stored with no call in between, then the reference added; on
-release the state and counts first, then the reference discarded and the
-queue served. A permit lost before it reaches the pipeline (an exception
-after the grant) gives its slot back once it is freed, as any permit.
+the count stored with no call in between, then the reference added; on
+release the state first, then the reference discarded and the queue
+served. A permit lost before it reaches the pipeline (an exception after
+the grant) gives its slot back once it is freed, as any permit.
+
+The machine's lock is taken without ``with`` (its two bound methods and
+its exit's argument tuple cost about as much again as the acquire and
+the release): ``lock.acquire()`` is the first call inside a ``try``
+whose ``finally`` releases it. CPython checks for an asynchronous
+exception only once a call has returned, so none lands between the
+``try`` and the acquire; one that lands later finds the lock held, and
+the ``finally`` releases it. The lock is a `threading.RLock` for its
+owner: a wait for it that a signal handler's exception cuts short (while
+another thread holds it) leaves it unheld by this thread, and the release
+then raises `RuntimeError`, which the ``finally`` ignores, where a plain
+lock, which has no owner, would release the other thread's hold.
 """
 
 from __future__ import annotations
@@ -94,17 +106,26 @@ class BreakerBulkhead:
         permit = _new_permit(BulkheadPermit)
         permit._bulkhead = self._bulkhead  # noqa: SLF001
         permit._outer = ticket  # noqa: SLF001
+        # The reference before the lock: nothing is allocated while it is
+        # held (a collection could run a finalizer there).
+        ref = _ref(permit)
+        permit._ref = ref  # noqa: SLF001
         m = self._m
         holders = self._holders
-        with self._lock:
+        lock = self._lock
+        try:
+            lock.acquire()
             # `BulkheadMachine.take_new`, inline.
             if len(holders) < m._limit and not self._waiters:  # noqa: SLF001
-                ref = _ref(permit)
-                permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 m.acquired += 1
                 holders.add(ref)
                 return permit
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # See the module's docstring.
+                pass  # Not held: its acquire was interrupted.
         return None
 
     def fast_settle(
@@ -112,7 +133,9 @@ class BreakerBulkhead:
     ) -> None:
         """Free the slot, then count the attempt (never its own timeout:
         a bare attempt has none)."""
-        with self._lock:
+        lock = self._lock
+        try:
+            lock.acquire()
             # `BulkheadMachine.release`, inline: a permit of this pair is
             # held or already released (never queued).
             if permit._state == _HELD:  # noqa: SLF001
@@ -120,6 +143,11 @@ class BreakerBulkhead:
                 self._holders.discard(permit._ref)  # noqa: SLF001
                 if self._waiters:
                     self._m._serve()  # noqa: SLF001
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # See the module's docstring.
+                pass  # Not held: its acquire was interrupted.
         # The ticket's two fields as arguments: no ``*ticket`` (a call
         # that builds its arguments' tuple).
         ticket = permit._outer  # noqa: SLF001
@@ -134,13 +162,20 @@ class BreakerBulkhead:
     ) -> Awaitable[None]:
         """Free the slot, then the breaker's settle to await, or `DONE`
         when cancelled (`BreakerStage.afast_settle`)."""
-        with self._lock:
+        lock = self._lock
+        try:
+            lock.acquire()
             # As in `fast_settle`.
             if permit._state == _HELD:  # noqa: SLF001
                 permit._state = _RELEASED  # noqa: SLF001
                 self._holders.discard(permit._ref)  # noqa: SLF001
                 if self._waiters:
                     self._m._serve()  # noqa: SLF001
+        finally:
+            try:
+                lock.release()
+            except RuntimeError:  # See the module's docstring.
+                pass  # Not held: its acquire was interrupted.
         ticket = permit._outer  # noqa: SLF001
         if exc is None:
             return self._asettle_closed(ticket[0], ticket[1], SUCCESS)  # type: ignore[index]
