@@ -48,6 +48,7 @@ from resilient._bulkhead import (
     BulkheadMachine,
     BulkheadPermit,
     BulkheadStatistics,
+    _machine,
     bulkhead,
     get_bulkhead,
 )
@@ -185,6 +186,42 @@ class TestMachine:
         worker.join()
         stats = bh.statistics()
         assert (stats.in_use, stats.acquired, stats.released) == (0, 1, 1)
+
+    def test_a_finalizer_that_releases_while_the_queue_is_served(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A slot released in the thread that is serving the queue, by a
+        finalizer that a collection runs where the serve allocates (the
+        lock is reentrant), leaves a consistent queue: both waiters are
+        granted once, in order, and the counts add up."""
+        bh = self.bulkhead(2)
+        m = bh._machine
+        a, b = self.taken(bh), self.taken(bh)
+        woken: list[str] = []
+        w1 = self.queued(bh, wake=lambda: woken.append("w1"))
+        w2 = self.queued(bh, wake=lambda: woken.append("w2"))
+        real = _machine.weakref.ref
+        ran: list[bool] = []
+
+        def ref(permit: BulkheadPermit) -> Any:
+            if m._lock._is_owned() and not ran:
+                ran.append(True)
+                b.release()  # What the finalizer does.
+            return real(permit)
+
+        monkeypatch.setattr(_machine.weakref, "ref", ref)
+        a.release()
+        monkeypatch.undo()
+        assert ran
+        assert woken == ["w1", "w2"]
+        assert m.settle(w1, 0.0) is True
+        assert m.settle(w2, 0.0) is True
+        stats = bh.statistics()
+        assert (stats.in_use, stats.waiting) == (2, 0)
+        invariants(stats)
+        assert stats.acquired == 4
+        w1.release()
+        w2.release()
 
     def test_grants_until_full(self) -> None:
         """Free slots are taken at once; then take says no."""

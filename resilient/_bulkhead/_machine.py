@@ -233,9 +233,12 @@ class BulkheadMachine:
         self._max_waiting = config.max_waiting
 
     # Every grant below is written the same way: the weak reference is made
-    # first (a call), then it and the state are stored on the permit and the
-    # grant counted with no call in between, then the reference is added (a
-    # call, the slot's take, after which the state is consistent again).
+    # first (a call, before the checks: nothing is allocated between a check
+    # and its grant, so no collection runs a finalizer that takes or grants
+    # a slot in this thread there, which the reentrant lock would let in),
+    # then it and the state are stored on the permit and the grant counted
+    # with no call in between, then the reference is added (a call, the
+    # slot's take, after which the state is consistent again).
     # A release stores the state, then discards the reference (a call, the
     # slot's give-back). The pipeline's breaker-then-bulkhead pair
     # (`resilient._bulkhead._pair`) does `take_new` and the held case of
@@ -243,9 +246,9 @@ class BulkheadMachine:
 
     def take(self, permit: BulkheadPermit) -> bool:
         """Give *permit* a free slot if there is one and nobody queues."""
+        ref = weakref.ref(permit)
         with self._lock:
             if len(self._holders) < self._limit and not self._waiters:
-                ref = weakref.ref(permit)
                 permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 self.acquired += 1
@@ -266,9 +269,9 @@ class BulkheadMachine:
         permit = _new_permit(BulkheadPermit)
         permit._bulkhead = bulkhead  # noqa: SLF001
         permit._state = _PENDING  # noqa: SLF001
+        ref = weakref.ref(permit)
         with self._lock:
             if len(self._holders) < self._limit and not self._waiters:
-                ref = weakref.ref(permit)
                 permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 self.acquired += 1
@@ -297,10 +300,10 @@ class BulkheadMachine:
             wake: Called, under the lock and from any thread, when the
                 permit is granted a slot; must not block.
         """
+        ref = weakref.ref(permit)
         with self._lock:
             self._sweep()
             if len(self._holders) < self._limit and not self._waiters:
-                ref = weakref.ref(permit)
                 permit._ref = ref  # noqa: SLF001
                 permit._state = _HELD  # noqa: SLF001
                 self.acquired += 1
@@ -395,13 +398,17 @@ class BulkheadMachine:
         waiters = self._waiters
         while waiters:
             permit = waiters[0]
+            ref = weakref.ref(permit)
+            if not waiters or waiters[0] is not permit:
+                # A finalizer that the reference's allocation let run
+                # released a slot in this thread and served the queue.
+                continue
             if permit._state != _WAITING:  # noqa: SLF001
                 # A grant cut off before it left the queue, then released.
                 waiters.popleft()
                 continue
             if len(self._holders) >= self._limit:
                 return
-            ref = weakref.ref(permit)
             permit._ref = ref  # noqa: SLF001
             permit._state = _HELD  # noqa: SLF001
             self.acquired += 1
