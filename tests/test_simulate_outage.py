@@ -142,9 +142,7 @@ def test_with_jitter_the_figures_agree_in_distribution(strategy: str) -> None:
                 row,
                 strict=True,
             ):
-                figures.setdefault(name, [[], []])[engine].append(
-                    float(value)
-                )
+                figures.setdefault(name, [[], []])[engine].append(float(value))
     for name, (chained, ordered) in figures.items():
         gap = abs(statistics.mean(chained) - statistics.mean(ordered))
         error = (
