@@ -21,6 +21,11 @@ breaker's pure machine is driven with the simulated time, and the real
 `RetryBudget` is handed to every client's `RetryMachine`, which asks it
 before each retry and outwaits an open breaker, exactly as in the library.
 
+Without a guard, nothing one call does changes what another's attempts
+see until the outage ends: each call's attempts in the outage run in a row
+before the calendar's (`_outage`), and only its first attempt after the
+outage becomes an event.
+
 The events wait in a calendar queue (`_calendar`). A call is its number:
 its `RetryMachine` and how it ended are kept in lists by number (columns),
 not in an object per call, and what the run measures is counted per bucket
