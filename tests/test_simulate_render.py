@@ -230,7 +230,7 @@ class TestPlotTitle:
         title = _plot.plot_title(result)
         assert "peak after outage" not in title
         assert title.rsplit("\n", 1)[1] == (
-            "0.0% succeeded, amplification 4.75x, drain 0.00 s"
+            "0.0% succeeded, amplification 4.90x, drain 0.00 s"
         )
 
 

@@ -78,8 +78,9 @@ class _Calendar:
         "wheel",
     )
 
-    def __init__(self, times: list[float]) -> None:
-        """The first attempt of call *n* at ``times[n]``, for every n."""
+    def __init__(self, times: list[float], after: float = -math.inf) -> None:
+        """The first attempt of call *n* at ``times[n]``, for every n
+        whose time is not before *after*."""
         self.wheel: list[list[_Event] | None] = []
         """The events of each slot of the wheel after the one being run,
         by slot number; None for none."""
@@ -99,6 +100,8 @@ class _Calendar:
         wheel, add = self.wheel, self.add
         floor, sps = _floor, _SLOTS_PER_SECOND
         for number, at in enumerate(times):
+            if at < after:
+                continue
             try:
                 slot = floor(at * sps)  # `_slot`, inline.
             except OverflowError:

@@ -21,6 +21,11 @@ breaker's pure machine is driven with the simulated time, and the real
 `RetryBudget` is handed to every client's `RetryMachine`, which asks it
 before each retry and outwaits an open breaker, exactly as in the library.
 
+Without a guard, nothing one call does changes what another's attempts
+see until the outage ends: each call's attempts in the outage run in a row
+before the calendar's (`_outage`), and only its first attempt after the
+outage becomes an event.
+
 The events wait in a calendar queue (`_calendar`). A call is its number:
 its `RetryMachine` and how it ended are kept in lists by number (columns),
 not in an object per call, and what the run measures is counted per bucket
@@ -56,6 +61,7 @@ from resilient._simulate._fleet import (
     _VirtualClock,
     start_times,
 )
+from resilient._simulate._outage import run_outage
 from resilient._simulate._result import Calls, SimulationResult, collect
 from resilient.testing import use_clock
 
@@ -106,7 +112,14 @@ class _Run:
         self.ends: list[float | None] = [None] * calls
         self.reasons: list[str | None] = [_NO] * calls
         """Why each call gave up; None once it succeeded."""
-        self.calendar = _Calendar(times)
+        self.cut = -math.inf
+        """Without a guard, the end of the outage (or of the run, if that
+        comes first): the calls' attempts before it run in a row before the
+        calendar's (`_outage`), which holds only the later ones."""
+        if self.guard is None:
+            end = math.inf if config.duration is None else config.duration
+            self.cut = min(config.outage, end)
+        self.calendar = _Calendar(times, self.cut)
 
     def run(self) -> None:  # noqa: C901, PLR0912, PLR0915 (the hot loop)
         """
@@ -152,6 +165,9 @@ class _Run:
         left = (_MAX_ATTEMPTS_PER_CLIENT + 1) * len(times)
         during_outage = refused = 0
         last = end = 0.0
+        # Without a guard, the end of the latest request served before the
+        # duration: the run ends at it or at the last attempt, the later.
+        served_at = -math.inf
         overload_end: float | None = None
         insort = bisect.insort_right
         decide = RetryMachine.decide_error
@@ -173,6 +189,28 @@ class _Run:
         no_hint = policy.retry_after is None
         down_fast = down_ok and no_hint
         overloaded_fast = overloaded_ok and no_hint
+        if guard is None:
+            # The outage's attempts, each call's in a row (`_outage`).
+            before = left
+            left, latest = run_outage(
+                cut=self.cut,
+                template=template,
+                clock=clock,
+                fast=down_fast,
+                transient=down_ok,
+                times=times,
+                machines=counted,
+                ends=ends,
+                reasons=reasons,
+                load=load,
+                width=config.bucket,
+                calendar=calendar,
+                left=left,
+            )
+            during_outage = before - left
+            served += [0] * (len(load) - len(served))
+            if latest >= 0.0:
+                last = latest
         error: Exception | None
         transient: bool | None
         delay: float | GiveUpReason
@@ -194,119 +232,68 @@ class _Run:
                         grow = [0] * (index + 1 - len(load))
                         load += grow
                         served += grow
-                if slot_end <= bucket_end and (
-                    slot_end <= outage or (start >= outage and overloaded_fast)
+                if (
+                    slot_end <= bucket_end
+                    and start >= outage
+                    and overloaded_fast
                 ):
-                    # Every event is an attempt (no guard: no event for the
-                    # end of a request), in one bucket: the load, the last
-                    # attempt and the end are counted once per slot.
-                    if slot_end <= outage:
-                        # Wholly within the outage: every request fails.
-                        for now, call in current:
-                            clock.t = now
+                    # Wholly after the outage (whose attempts, without a
+                    # guard, ran before the calendar: `_outage`) and in one
+                    # bucket: every event is an attempt (no guard: no event
+                    # for the end of a request), the token bucket serves or
+                    # refuses each, the dependency's overload is transient
+                    # and reads no hint; the load, the last attempt and the
+                    # end are counted once per slot.
+                    count = 0
+                    for now, call in current:
+                        tokens += (now - refilled) * capacity
+                        if tokens >= size:  # noqa: PLR1730 - min()
+                            tokens = size
+                        refilled = now
+                        if tokens >= 1.0:
+                            tokens -= 1.0
+                            count += 1
+                            served_at = ends[call] = now + service_time
+                            reasons[call] = None
                             machine = machines[call]
-                            if machine is None:
-                                machine = machines[call] = sibling(
-                                    template, now
-                                )
-                            delay = (
-                                decide_transient(machine, now)
-                                if down_fast
-                                else decide(machine, _DOWN, False, down_ok)
-                            )
-                            try:
-                                at = now + delay  # type: ignore[operator]
-                            except TypeError:
-                                # A str: why the call gives up (as below).
-                                ends[call] = now
-                                reasons[call] = delay  # type: ignore[assignment]
+                            if machine is not None:
                                 counted[call] = machine.attempt
-                                continue
-                            # The push below, the same steps.
-                            try:
-                                slot = floor(at * sps)
-                            except OverflowError:
-                                slot = _LAST_SLOT
-                            if slot <= now_slot:
-                                insort(current, (at, call), key=_time)
-                                calendar.heap_ops += 1
-                                calendar.inserts += 1
-                                left -= 1
-                                if left < 0:
-                                    raise _endless()
-                                continue
-                            try:
-                                wheel[slot].append((at, call))  # type: ignore[union-attr]
-                            except (IndexError, AttributeError):
-                                add(at, call, slot)
-                        during_outage += len(current)
-                        last = end = current[-1][0]
-                    else:
-                        # Wholly after it: the token bucket serves or
-                        # refuses each request; the dependency's overload is
-                        # transient and reads no hint.
-                        count = 0
-                        for now, call in current:
-                            tokens += (now - refilled) * capacity
-                            if tokens >= size:  # noqa: PLR1730 - min()
-                                tokens = size
-                            refilled = now
-                            if tokens >= 1.0:
-                                tokens -= 1.0
-                                count += 1
-                                ends[call], reasons[call] = (
-                                    now + service_time,
-                                    None,
-                                )
-                                machine = machines[call]
-                                if machine is not None:
-                                    counted[call] = machine.attempt
-                                continue
-                            overload_end = clock.t = now
-                            machine = machines[call]
-                            if machine is None:
-                                machine = machines[call] = sibling(
-                                    template, now
-                                )
-                            delay = decide_transient(machine, now)
-                            try:
-                                at = now + delay  # type: ignore[operator]
-                            except TypeError:
-                                # A str: why the call gives up (once per
-                                # call at most, cheaper than a test each).
-                                ends[call] = now
-                                reasons[call] = delay  # type: ignore[assignment]
-                                counted[call] = machine.attempt
-                                continue
-                            # The push below, the same steps.
-                            try:
-                                slot = floor(at * sps)
-                            except OverflowError:
-                                slot = _LAST_SLOT
-                            if slot <= now_slot:
-                                insort(current, (at, call), key=_time)
-                                calendar.heap_ops += 1
-                                calendar.inserts += 1
-                                left -= 1
-                                if left < 0:
-                                    raise _endless()
-                                continue
-                            try:
-                                wheel[slot].append((at, call))  # type: ignore[union-attr]
-                            except (IndexError, AttributeError):
-                                add(at, call, slot)
-                        served[index] += count
-                        last, call = current[-1]
-                        # The general loop's end: the last event's time, or
-                        # the end of its request when it was served.
-                        served_end = ends[call]
-                        end = (
-                            served_end
-                            if served_end is not None
-                            and served_end > last
-                            and reasons[call] is None
-                            else last
-                        )
+                            continue
+                        # No clock to set: nothing reads it (no guard, and
+                        # the machine is given the time).
+                        overload_end = now
+                        machine = machines[call]
+                        if machine is None:
+                            machine = machines[call] = sibling(template, now)
+                        delay = decide_transient(machine, now)
+                        try:
+                            at = now + delay  # type: ignore[operator]
+                        except TypeError:
+                            # A str: why the call gives up (once per
+                            # call at most, cheaper than a test each).
+                            ends[call] = now
+                            reasons[call] = delay  # type: ignore[assignment]
+                            counted[call] = machine.attempt
+                            continue
+                        # The push below, the same steps.
+                        try:
+                            slot = floor(at * sps)
+                        except OverflowError:
+                            slot = _LAST_SLOT
+                        if slot <= now_slot:
+                            insort(current, (at, call), key=_time)
+                            calendar.heap_ops += 1
+                            calendar.inserts += 1
+                            left -= 1
+                            if left < 0:
+                                raise _endless()
+                            continue
+                        try:
+                            wheel[slot].append((at, call))  # type: ignore[union-attr]
+                        except (IndexError, AttributeError):
+                            add(at, call, slot)
+                    served[index] += count
+                    last = current[-1][0]
                     load[index] += len(current)
                     continue
             # The slot's events in order; a wait under a millisecond is
@@ -369,8 +356,7 @@ class _Run:
                                     ends[call], reasons[call] = at, None
                                     if machine is not None:
                                         counted[call] = machine.attempt
-                                    if at > end:  # noqa: PLR1730 - max()
-                                        end = at
+                                    served_at = at
                                 continue
                             # The end of the request, as an event.
                             call = ~call  # noqa: PLW2901
@@ -426,6 +412,11 @@ class _Run:
             else:
                 continue
             break
+        if guard is None:
+            # What a guard's run finds as its last event: the last attempt,
+            # or the end of a request served before the duration if later
+            # (every event is an attempt, in time order).
+            end = max(last, served_at)
         self.last, self.end, self.overload_end = last, end, overload_end
         self.refused, self.during_outage = refused, during_outage
 
