@@ -267,7 +267,7 @@ class _Run:
                             machine = machines[call] = sibling(template, now)
                         delay = decide_transient(machine, now)
                         try:
-                            at = now + delay  # type: ignore[operator]
+                            now + delay  # type: ignore[operator]
                         except TypeError:
                             # A str: why the call gives up (once per
                             # call at most, cheaper than a test each).
@@ -275,6 +275,11 @@ class _Run:
                             reasons[call] = delay  # type: ignore[assignment]
                             counted[call] = machine.attempt
                             continue
+                        # The machine's wake-up time, ``now + delay``: the
+                        # same float object as the event's, which a slot's
+                        # sort has just read, so that the machine's next
+                        # decision frees it from the cache, not from memory.
+                        at = machine.wake
                         # The push below, the same steps.
                         try:
                             slot = floor(at * sps)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from resilient._simulate._fleet import _VirtualClock
 
 
-def run_outage(  # noqa: C901 (the hot loop, in one frame)
+def run_outage(  # noqa: C901, PLR0912, PLR0915 (the hot loop, in one frame)
     *,
     cut: float,
     template: RetryMachine,
@@ -137,6 +137,10 @@ def run_outage(  # noqa: C901 (the hot loop, in one frame)
                 now = at
                 continue
             machines[call] = machine
+            if fast:
+                # The same float as the machine's wake-up time (see the
+                # engine's loop after the outage).
+                at = machine.wake
             # The calendar's push (`_Calendar.add`, as `_Run.run` does it).
             try:
                 slot = floor(at * sps)
