@@ -3,10 +3,11 @@ Bulkhead: bounded concurrency per dependency, with a bounded wait queue and
 a maximum wait.
 
 `BulkheadMachine` holds the slots and the FIFO queue of waiting permits
-behind a short `threading.Lock` and decides: admit, queue, reject. It never
-blocks. The shells of `Bulkhead` only wait (`resilient._wait`): a thread on
-a `ThreadWaiter`, a task on a `TaskWaiter` that a releaser in another thread
-wakes through the task's event loop. Threads and tasks share the same slots.
+behind a short lock (a `threading.RLock`, below) and decides: admit,
+queue, reject. It never blocks. The shells of `Bulkhead` only wait
+(`resilient._wait`): a thread on a `ThreadWaiter`, a task on a
+`TaskWaiter` that a releaser in another thread wakes through the task's
+event loop. Threads and tasks share the same slots.
 
 A freed slot goes straight to the first waiter (it never becomes free in
 between, so a newcomer cannot overtake the queue).
