@@ -16,6 +16,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import resilient
 from resilient import simulation as sim
@@ -194,3 +196,62 @@ def test_a_retry_that_never_waits_is_stopped_in_the_outage() -> None:
     with pytest.raises(RuntimeError, match="retry without end"):
         run.run()
     assert sum(run.load) > 100_000
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    strategy=st.sampled_from(["exponential", "constant"]),
+    base=st.sampled_from([0.0004, 0.05, 0.3, 1.0]),
+    attempts=st.one_of(st.none(), st.integers(1, 12)),
+    budget=st.sampled_from([None, 0.5, 3.0, 30.0]),
+    clients=st.integers(1, 60),
+    outage=st.sampled_from([0.0, 0.0005, 0.7, 2.0, 5.0]),
+    spread=st.sampled_from([0.0001, 0.1, 3.0]),
+    rate=st.sampled_from([0.0, 40.0]),
+    capacity=st.sampled_from([5.0, 500.0]),
+    duration=st.sampled_from([None, 0.3, 1.7, 4.0003]),
+    bucket=st.sampled_from([0.001, 0.3, 0.5]),
+    seed=st.integers(0, 3),
+)
+def test_any_run_without_jitter_is_the_time_ordered_run(
+    strategy: str,
+    base: float,
+    attempts: int | None,
+    budget: float | None,
+    clients: int,
+    outage: float,
+    spread: float,
+    rate: float,
+    capacity: float,
+    duration: float | None,
+    bucket: float,
+    seed: int,
+) -> None:
+    """
+    For any small fleet, outage, traffic, duration and chart, and any
+    attempt limit and budget (none included), a policy without jitter runs
+    the outage in a row exactly as in time order, call for call: waits
+    under a calendar slot, a run cut inside the outage, an outage shorter
+    than a slot and none at all included.
+    """
+    if attempts is None and budget is None:
+        return  # A policy with no end is refused.
+    config = sim.SimulationConfig(
+        policy=sim.make_policy(
+            strategy,
+            base=base,
+            cap=max(base, 2.0),
+            attempts=attempts,
+            budget=budget,
+        ),
+        clients=clients,
+        outage=outage,
+        spread=spread,
+        rate=rate,
+        rate_until=2.5,
+        capacity=capacity,
+        duration=duration,
+        bucket=bucket,
+        seed=seed,
+    )
+    assert _outcome(sim.simulate(config)) == _outcome(_in_time_order(config))
