@@ -24,6 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 import resilient
 import resilient.testing
 from tests.actors import Actors
+from tests.http_server import Server
 
 
 @pytest.fixture(autouse=True)
@@ -73,6 +74,15 @@ def _storms_log_nowhere(request: pytest.FixtureRequest) -> Iterator[None]:
         gc.callbacks[:] = callbacks
         for logger, was in zip(loggers, before, strict=True):
             logger.disabled = was
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    """A fresh real local HTTP server per test (tests/http_server.py): its
+    log of requests is the test's own."""
+    s = Server()
+    yield s
+    s.stop()
 
 
 @pytest.fixture

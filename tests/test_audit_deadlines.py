@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING
 
 import httpx
 import pytest
@@ -17,18 +16,6 @@ import requests
 
 import resilient
 from tests.http_server import Server
-
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    """A real local HTTP server (see tests/http_server.py)."""
-    s = Server()
-    yield s
-    s.stop()
 
 
 # httpx leaks the socket it opened when the timeout overflows.

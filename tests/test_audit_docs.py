@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import pytest
@@ -23,24 +23,12 @@ import resilient.testing
 from tests.http_server import Server
 
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _blocks(page: str) -> list[str]:
     text = (DOCS / page).read_text(encoding="utf-8")
     return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    """A real local HTTP server (see tests/http_server.py)."""
-    s = Server()
-    yield s
-    s.stop()
 
 
 def _namespace(**extra: Any) -> dict[str, Any]:

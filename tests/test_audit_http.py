@@ -26,14 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Generator, Iterator
 
 
-@pytest.fixture
-def server() -> Iterator[Server]:
-    """A real local HTTP server (see tests/http_server.py)."""
-    s = Server()
-    yield s
-    s.stop()
-
-
 def _keys(server: Server) -> list[str | None]:
     return [headers.get("Idempotency-Key") for _, _, headers in server.seen]
 

@@ -24,17 +24,9 @@ from tests.http_server import Server, closed_port
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from tests.conftest import Driver
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    """A fresh local HTTP server per test (its log of requests is ours)."""
-    s = Server()
-    yield s
-    s.stop()
 
 
 def _policy(**kw: object) -> resilient.Policy:

@@ -15,17 +15,9 @@ from tests.http_server import Server
 
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from tests.conftest import Driver
-
-
-@pytest.fixture
-def server() -> Iterator[Server]:
-    """A fresh local HTTP server per test."""
-    s = Server()
-    yield s
-    s.stop()
 
 
 def _get(driver: Driver, url: str) -> Callable[[], Any]:

@@ -5,25 +5,15 @@ note, and the error of a function called in the wrong colour.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from resilient._core._decisions import GiveUp
 
 
 class WrongShell(TypeError):
     """A sync function under an async call or the reverse: never retried."""
-
-
-def leaves(group: BaseExceptionGroup[Any]) -> Iterator[BaseException]:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            yield from leaves(exc)
-        else:
-            yield exc
 
 
 def note(exc: BaseException, step: GiveUp) -> None:
