@@ -333,12 +333,6 @@ def test_strategies_are_frozen_values() -> None:
     assert repr(backoff) == "FullJitter(base=0.5, cap=2.0)"
 
 
-def test_windowed_strategies_are_keyword_only() -> None:
-    """Base and cap cannot be swapped by position by accident."""
-    with pytest.raises(TypeError):
-        resilient.FullJitter(0.1, 1.0)  # type: ignore[call-arg]
-
-
 # --- Custom
 
 
@@ -535,3 +529,21 @@ def test_ks_statistic_by_hand() -> None:
     assert ks_statistic_uniform([0.0, 0.0], 2.0) == 1.0
     # Everything at the top: the gap is the whole CDF below it.
     assert ks_statistic_uniform([2.0, 2.0], 2.0) == 1.0
+
+
+@pytest.mark.parametrize("cls", WINDOWED)
+def test_base_and_cap_may_be_positional(cls: Any) -> None:
+    """
+    Every windowed backoff takes base and cap positionally, in that order,
+    as well as by keyword (``FullJitter(0.2, 5)`` was a TypeError), with
+    the same checks; Constant takes its seconds positionally too.
+    """
+    assert cls(0.2, 5) == cls(base=0.2, cap=5)
+    assert cls(0.5) == cls(base=0.5)
+    assert cls(0.5).cap == 5.0
+    with pytest.raises(resilient.ConfigError) as info:
+        cls(2.0, 1.0)
+    assert info.value.field == f"{cls.__name__}.cap"
+    with pytest.raises(TypeError):
+        cls(0.2, 5, 7)
+    assert resilient.Constant(0.25) == resilient.Constant(seconds=0.25)

@@ -529,3 +529,36 @@ def test_real_sleep_wakes_when_its_timeout_fires() -> None:
     """
     with pytest.raises(resilient.TimedOut), resilient.timeout(0.005):
         resilient.MonotonicClock().sleep(10)
+
+
+@pytest.mark.anyio
+async def test_async_with_deadline_is_the_same_scope(clock: FakeClock) -> None:
+    """
+    ``async with resilient.deadline(...)`` works (it was a TypeError) and
+    means what ``with`` means: the task sees the time left, a policy call
+    inside is bounded by it, nesting only shrinks, and leaving restores
+    the outer deadline, also on an exception.
+    """
+    policy = resilient.Policy(attempts=100, backoff=resilient.Constant(1.0))
+    calls = 0
+
+    async def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        raise ConnectionError
+
+    async with resilient.deadline(10) as outer:
+        assert outer.at == 1010.0
+        assert resilient.remaining() == 10.0
+        async with resilient.deadline(60):
+            assert resilient.remaining() == 10.0
+        with pytest.raises(KeyError):
+            async with resilient.deadline(2.5) as inner:
+                assert resilient.remaining() == 2.5
+                assert inner.at == 1002.5
+                with pytest.raises(ConnectionError):
+                    await policy.acall(flaky)
+                raise KeyError
+        assert calls == 3  # retries at 1001 and 1002; 1003 is past 1002.5
+        assert resilient.remaining() == 10.0 - 2.0
+    assert resilient.remaining() == math.inf

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 import attrs
 
 from resilient._core._decorate import is_async_callable
+from resilient._core._keywords import settings_checked
 from resilient._core._validate import (
     field_name,
     non_negative,
@@ -77,6 +78,7 @@ def exponential_ceiling(base: float, cap: float, retry: int) -> float:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class FullJitter:
     """
@@ -92,13 +94,10 @@ class FullJitter:
     """
 
     base: float = attrs.field(
-        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+        default=0.2, validator=positive, converter=to_seconds
     )
     cap: float = attrs.field(
-        default=5.0,
-        validator=_cap_not_below_base,
-        converter=to_seconds,
-        kw_only=True,
+        default=5.0, validator=_cap_not_below_base, converter=to_seconds
     )
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
@@ -130,6 +129,7 @@ class FullJitter:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class EqualJitter:
     """
@@ -139,13 +139,10 @@ class EqualJitter:
     """
 
     base: float = attrs.field(
-        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+        default=0.2, validator=positive, converter=to_seconds
     )
     cap: float = attrs.field(
-        default=5.0,
-        validator=_cap_not_below_base,
-        converter=to_seconds,
-        kw_only=True,
+        default=5.0, validator=_cap_not_below_base, converter=to_seconds
     )
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
@@ -155,6 +152,7 @@ class EqualJitter:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class DecorrelatedJitter:
     """
@@ -168,13 +166,10 @@ class DecorrelatedJitter:
     """
 
     base: float = attrs.field(
-        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+        default=0.2, validator=positive, converter=to_seconds
     )
     cap: float = attrs.field(
-        default=5.0,
-        validator=_cap_not_below_base,
-        converter=to_seconds,
-        kw_only=True,
+        default=5.0, validator=_cap_not_below_base, converter=to_seconds
     )
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
@@ -184,6 +179,7 @@ class DecorrelatedJitter:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class Exponential:
     """
@@ -194,13 +190,10 @@ class Exponential:
     """
 
     base: float = attrs.field(
-        default=0.2, validator=positive, converter=to_seconds, kw_only=True
+        default=0.2, validator=positive, converter=to_seconds
     )
     cap: float = attrs.field(
-        default=5.0,
-        validator=_cap_not_below_base,
-        converter=to_seconds,
-        kw_only=True,
+        default=5.0, validator=_cap_not_below_base, converter=to_seconds
     )
 
     def delay(self, retry: int, previous: float, rng: random.Random) -> float:
@@ -209,6 +202,7 @@ class Exponential:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class Constant:
     """
@@ -228,6 +222,7 @@ class Constant:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class Custom:
     """

@@ -392,6 +392,19 @@ class Deadline:
             _DEADLINE.reset(self._token)
             self._token = None
 
+    async def __aenter__(self) -> Deadline:
+        # The same scope as `with`: a coroutine awaited by the task runs in
+        # the task's own context, so the deadline set here is the task's.
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
     def __repr__(self) -> str:
         return f"Deadline(seconds={self._seconds!r}, at={self._at!r})"
 
@@ -399,6 +412,8 @@ class Deadline:
 def deadline(seconds: float | dt.timedelta | None) -> Deadline:
     """
     A scope in which at most *seconds* are left (see `Deadline`).
+
+    Use it as ``with`` or, in async code, ``async with`` (the same scope).
 
     Args:
         seconds: Time allowed from entry, in seconds; `None` adds no limit
@@ -411,6 +426,7 @@ def deadline(seconds: float | dt.timedelta | None) -> Deadline:
 
     .. versionadded:: 26.11.0
     .. versionchanged:: 26.12.0
-       Huge *seconds* mean no limit instead of `OverflowError`.
+       Huge *seconds* mean no limit instead of `OverflowError`;
+       ``async with`` as well as ``with``.
     """
     return Deadline(seconds=math.inf if seconds is None else seconds)

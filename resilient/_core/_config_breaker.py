@@ -24,6 +24,7 @@ from typing import (
 import attrs
 
 from resilient._core._decorate import is_async_callable
+from resilient._core._keywords import settings_checked
 from resilient._core._transient import DependencyFailure, every_leaf
 from resilient._core._validate import (
     check_classes_or_predicate,
@@ -131,6 +132,7 @@ def _to_ratio(value: object) -> object:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class CountWindow:
     """
@@ -147,6 +149,7 @@ class CountWindow:
 
 
 @final
+@settings_checked
 @attrs.frozen
 class TimeWindow:
     """
@@ -224,6 +227,7 @@ def _check_ignore_on(
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True)
 class BreakerConfig:
     """

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, final
 
 import attrs
 
+from resilient._core._keywords import settings_checked
 from resilient._core._validate import (
     check_int,
     check_number,
@@ -36,6 +37,7 @@ def _seconds_or_none(
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True)
 class BulkheadConfig:
     """

@@ -12,6 +12,7 @@ from typing import Any, Final, TypedDict, final
 
 import attrs
 
+from resilient._core._keywords import settings_checked
 from resilient._core._validate import check_number, field_name, to_seconds
 from resilient.exceptions import ConfigTypeError
 
@@ -70,6 +71,7 @@ def _to_float(value: object) -> object:
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True)
 class RetryBudgetConfig:
     """

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Final, TypedDict, final
 import attrs
 
 from resilient._core._backoff import FullJitter
+from resilient._core._keywords import settings_checked
 from resilient._core._validate import check_number, field_name, to_seconds
 from resilient.exceptions import ConfigError, ConfigTypeError
 
@@ -97,6 +98,7 @@ def _backoff(
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True)
 class LockConfig:
     """

@@ -31,6 +31,7 @@ from resilient._core._config_bulkhead import BulkheadConfig
 from resilient._core._config_retry_budget import RetryBudgetConfig
 from resilient._core._decorate import is_async_callable, stream_kind
 from resilient._core._hints import default_retry_after
+from resilient._core._keywords import settings_checked
 from resilient._core._policy_checks import (
     UNNAMED,
     Unnamed,
@@ -85,6 +86,7 @@ DEFAULT_RETRY_ON: Final = Transient()
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True, repr=False)
 class Policy:
     """
