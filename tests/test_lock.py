@@ -196,7 +196,8 @@ class TestWaiting:
         hold(url, ttl=3.0)  # Never renewed: it runs out in 3 s.
         lock = resilient.lock("job", backend=url, blocking=False)
         policy = resilient.Policy(
-            retry_on=(), backoff=resilient.Constant(seconds=0.01)
+            retry_on=lambda exc: False,
+            backoff=resilient.Constant(seconds=0.01),
         )
         lease = policy.call(lock.acquire)
         assert lease.held

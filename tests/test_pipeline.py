@@ -330,7 +330,7 @@ class TestBareFirstAttempt:
     ) -> None:
         """A DeadlineExceeded from the call (the caller's own deadline,
         no attempt timeout) is not counted against the dependency."""
-        policy = self.policy("bare-deadline", retry_on=())
+        policy = self.policy("bare-deadline", retry_on=lambda exc: False)
 
         def body() -> None:
             raise resilient.DeadlineExceeded(0.0)

@@ -223,7 +223,6 @@ def test_retry_on_takes_a_single_class_a_list_or_a_predicate() -> None:
     listed = resilient.Policy(retry_on=[KeyError, OSError])
     assert listed.retry_on == (KeyError, OSError)
     assert resilient.Policy(retry_on=is_teapot).retry_on is is_teapot
-    assert resilient.Policy(retry_on=()).retry_on == ()
 
 
 def test_retry_on_accepts_exception_subclasses() -> None:
@@ -447,3 +446,52 @@ def test_shared_validators_accept() -> None:
     assert Knobs(share=0, count=10**30, limit=1).share == 0.0
     assert Knobs(share=1).share == 1.0
     assert Knobs(limit=None, wait=dt.timedelta(microseconds=1)).wait == 1e-6
+
+
+@pytest.mark.parametrize("empty", [(), []])
+def test_an_empty_retry_on_is_refused(empty: Any) -> None:
+    """
+    ``retry_on=()`` (or ``[]``) is refused with a `ConfigError` naming the
+    field and saying why: it used to be taken silently as "retry no
+    exception". A predicate says that on purpose, and is kept.
+    """
+    with pytest.raises(resilient.ConfigError) as info:
+        resilient.Policy(retry_on=empty)
+    assert info.value.field == "Policy.retry_on"
+    assert "no exception would ever be retried" in str(info.value)
+    with pytest.raises(resilient.ConfigError):
+        resilient.Policy().evolve(retry_on=())
+
+    def never(exc: Exception) -> bool:
+        return False
+
+    assert resilient.Policy(retry_on=never).retry_on is never
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"timeout": 5, "budget": 2},
+            "Policy.timeout must be <= Policy.budget (2.0)",
+        ),
+        ({"timeout": 60}, "Policy.timeout must be <= Policy.budget (30.0)"),
+    ],
+)
+def test_a_timeout_longer_than_the_budget_is_refused(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    """
+    An attempt timeout above the whole call's budget (the default budget
+    included) raises a `ConfigError` naming both fields and values; it
+    used to be accepted, and the timeout could never fire.
+    """
+    with pytest.raises(resilient.ConfigError) as info:
+        resilient.Policy(**kwargs)
+    assert info.value.field == "Policy.timeout"
+    assert message in str(info.value)
+    assert str(info.value).endswith(f"got {float(kwargs['timeout'])!r}")
+    with pytest.raises(resilient.ConfigError, match=r"Policy\.budget"):
+        resilient.Policy(timeout=5).evolve(budget=2)
+    assert resilient.Policy(timeout=2, budget=2).timeout == 2.0
+    assert resilient.Policy(timeout=60, budget=None, attempts=3).timeout == 60

@@ -320,7 +320,8 @@ class TestBudget:
         policy = Policy(
             attempts=attempts,
             budget=budget,
-            timeout=timeout,
+            # A timeout above the budget is refused at construction.
+            timeout=None if timeout is None else min(timeout, budget),
             backoff=strategy(base=base, cap=base * factor),
         )
         start = clock.now()

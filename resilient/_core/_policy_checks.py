@@ -99,6 +99,15 @@ def check_retry_on(
     check_classes_or_predicate(
         inst, attribute, value, never="are never retried"
     )
+    if value == ():
+        # It used to be taken silently: a policy that never retries an
+        # exception, which is what nobody writing () expects.
+        raise ConfigError(
+            field_name(inst, attribute),
+            value,
+            "is empty, so no exception would ever be retried; to retry "
+            "none, say so with a predicate (retry_on=lambda exc: False)",
+        )
     if not isinstance(value, tuple):
         _sync_callable(
             field_name(inst, attribute),
@@ -190,3 +199,21 @@ def instance_or_none(
             )
 
     return check
+
+
+def check_timeout_within_budget(
+    timeout: float | None, budget: float | None
+) -> None:
+    """
+    Refuse an attempt *timeout* longer than the whole call's *budget*: the
+    budget would always cut the attempt first, so the timeout could never
+    be what stops it (it used to be accepted silently).
+    """
+    if timeout is not None and budget is not None and timeout > budget:
+        raise ConfigError(
+            "Policy.timeout",
+            timeout,
+            f"must be <= Policy.budget ({budget!r}): one attempt cannot "
+            "take longer than the whole call; raise the budget or lower "
+            "the timeout",
+        )

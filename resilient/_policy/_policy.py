@@ -44,6 +44,7 @@ from resilient._core._policy_checks import (
     check_name,
     check_predicate,
     check_retry_on,
+    check_timeout_within_budget,
     instance_or_none,
 )
 from resilient._core._transient import Transient
@@ -239,6 +240,7 @@ class Policy:
                 None,
                 "may only be None (unbounded) when Policy.budget is set",
             )
+        check_timeout_within_budget(self.timeout, self.budget)
         if type(self.name) is Unnamed and (
             self.breaker is not None
             or self.bulkhead is not None
