@@ -5,7 +5,6 @@ locks for Python backends, sync and async, configured by one policy object.
 
 from __future__ import annotations
 
-import contextlib
 import typing as _typing
 
 from resilient import lowlevel
@@ -180,6 +179,8 @@ __all__ = [
 
 def _fix_module_names() -> None:
     """Show public paths (``resilient.Policy``) in reprs and docs."""
+    import contextlib  # noqa: PLC0415 - not to be left in the namespace
+
     for name in __all__:
         obj = globals()[name]
         if getattr(obj, "__module__", "").startswith("resilient._"):
@@ -188,6 +189,21 @@ def _fix_module_names() -> None:
 
 
 _fix_module_names()
+# The namespace holds the public API: no helper of this module, nor the
+# names its own imports bound (the private subpackages, which the import
+# system binds here, are hidden by `__dir__`).
+del _fix_module_names, annotations
+
+
+def __dir__() -> list[str]:
+    """The public API, the public submodules loaded, and the dunders."""
+    return sorted(
+        name
+        for name, value in globals().items()
+        if name in __all__
+        or (name.startswith("__") and name.endswith("__"))
+        or (type(value) is type(_typing) and not name.startswith("_"))
+    )
 
 
 def __getattr__(name: str) -> _typing.Any:

@@ -234,3 +234,32 @@ def test_api_page_lists_every_public_name(name: str) -> None:
         if f"{name}.{n}" not in documented
     ]
     assert missing == []
+
+
+def test_dir_is_the_public_api() -> None:
+    """
+    ``dir(resilient)`` lists `__all__`, the public submodules and the
+    dunders, nothing else: not ``annotations`` or ``contextlib`` (which it
+    used to list), nor a private subpackage or helper. The namespace itself
+    holds no public-looking name outside `__all__` but the submodules.
+    """
+    listed = set(dir(resilient))
+    assert set(resilient.__all__) <= listed
+    extra = {
+        n
+        for n in listed - set(resilient.__all__)
+        if not (n.startswith("__") and n.endswith("__"))
+    }
+    submodules = {n.rsplit(".", 1)[-1] for n in PUBLIC_MODULES}
+    assert extra <= submodules | {"simulation"}
+    assert {"exceptions", "lowlevel"} <= extra
+    assert dir(resilient) == sorted(listed)
+    assert "annotations" not in vars(resilient)
+    assert "contextlib" not in vars(resilient)
+    assert not [
+        n
+        for n in vars(resilient)
+        if n.startswith("_")
+        and not n.startswith("__")
+        and not isinstance(vars(resilient)[n], types.ModuleType)
+    ]
