@@ -5,13 +5,24 @@ Public protocols and aliases: what a user implements or annotates with.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Concatenate,
+    ParamSpec,
+    Protocol,
+    TypeAlias,
+    TypeVar,
+    overload,
+)
 
 
 if TYPE_CHECKING:
     import random
+    from collections.abc import Hashable
 
     from resilient._core._decisions import RetryEvent
+    from resilient._singleflight import SingleFlight, SingleFlightStatistics
 
 
 __all__ = [
@@ -23,7 +34,13 @@ __all__ = [
     "Hook",
     "ResultPredicate",
     "RetryAfter",
+    "SingleFlightFunction",
 ]
+
+_P = ParamSpec("_P")
+_Q = ParamSpec("_Q")
+_S = TypeVar("_S")
+_T_co = TypeVar("_T_co", covariant=True)
 
 
 class Clock(Protocol):
@@ -82,3 +99,46 @@ Fallback: TypeAlias = Callable[[Exception], object]
 """A policy's fallback: given the exception that ended the call, returns
 what the call returns instead (or an awaitable of it, in async code), or
 raises."""
+
+
+class SingleFlightFunction(Protocol[_P, _T_co]):
+    """
+    What `resilient.singleflight` makes of a function (sync or async):
+    called as the function was, with a handle on its group.
+
+    Read as a method of an instance it is bound like the function, the
+    handle included (``client.fetch.statistics()``). (mypy reads
+    ``@classmethod`` over it as unbound; put ``@staticmethod`` or a plain
+    method there, or call the class method through ``cls``.)
+
+    .. versionadded:: 26.12.0
+    """
+
+    @property
+    def group(self) -> SingleFlight:
+        """The `SingleFlight` the calls run in."""
+        ...
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _T_co: ...
+
+    def statistics(self) -> SingleFlightStatistics:
+        """The group's `SingleFlight.statistics`."""
+        ...
+
+    def forget(self, key: Hashable) -> bool:
+        """The group's `SingleFlight.forget`: the key as the *key* function
+        (or the default key) gives it."""
+        ...
+
+    @overload
+    def __get__(
+        self, instance: None, owner: type[Any], /
+    ) -> SingleFlightFunction[_P, _T_co]: ...
+
+    @overload
+    def __get__(
+        self: SingleFlightFunction[Concatenate[_S, _Q], _T_co],
+        instance: _S,
+        owner: type[Any],
+        /,
+    ) -> SingleFlightFunction[_Q, _T_co]: ...

@@ -5,7 +5,7 @@ own, or one it is given), keyed by a key function or by the arguments.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast
 
 from resilient._core._decorate import decorate
 from resilient._core._validate import check_name
@@ -17,6 +17,8 @@ from resilient.exceptions import ConfigError, ConfigTypeError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable
+
+    from resilient.typing import SingleFlightFunction
 
 
 P = ParamSpec("P")
@@ -36,7 +38,7 @@ def singleflight(
     key: Callable[..., Hashable] | None = None,
     group: SingleFlight | None = None,
     name: str | None = None,
-) -> Callable[[Callable[P, T]], Callable[P, T]]:
+) -> Callable[[Callable[P, T]], SingleFlightFunction[P, T]]:
     """
     Concurrent calls of the decorated function (sync or async) with one
     key share one execution: see `SingleFlight` for what callers see.
@@ -54,6 +56,11 @@ def singleflight(
         name: Names the function's own group (default: the function's
             qualified name).
 
+    Returns:
+        A decorator; the function it makes (a `SingleFlightFunction`) has
+        the handle on its group: ``fn.group``, ``fn.statistics()`` and
+        ``fn.forget(key)``.
+
     Raises:
         ConfigTypeError: *key* is not callable, *group* not a
             `SingleFlight`, or *name* not a str.
@@ -63,7 +70,7 @@ def singleflight(
     """
     _check_options(key, group, name)
 
-    def decorator(fn: Callable[P, T]) -> Callable[P, T]:
+    def decorator(fn: Callable[P, T]) -> SingleFlightFunction[P, T]:
         g = group
         if g is None:
             label = name or getattr(fn, "__qualname__", None) or repr(fn)
@@ -79,7 +86,16 @@ def singleflight(
         ) -> Awaitable[Any]:
             return fly(flights, keyof(args, kwargs), f, *args, **kwargs)
 
-        return decorate(fn, sync_shell, async_shell, stream=_NO_STREAMS)
+        made = decorate(fn, sync_shell, async_shell, stream=_NO_STREAMS)
+        # The handle lives on the function itself, so a method bound from
+        # it reaches it too (a bound method reads its function's
+        # attributes); for a classmethod or staticmethod, on the function
+        # it wraps.
+        target: Any = getattr(made, "__func__", made)
+        target.group = flights
+        target.statistics = flights.statistics
+        target.forget = flights.forget
+        return cast("SingleFlightFunction[P, T]", made)
 
     return decorator
 

@@ -9,7 +9,8 @@ fails the check if that error goes away.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal, assert_type
+from collections.abc import Coroutine
+from typing import Any, Literal, assert_type
 
 import resilient
 import resilient.testing
@@ -137,7 +138,7 @@ strategies: list[Backoff] = [
 ]
 assert_type(resilient.schedule(strategies[0], 5), tuple[float, ...])
 assert_type(resilient.schedule(strategies[0], 5, seed=1), tuple[float, ...])
-resilient.FullJitter(0.1, 1.0)  # type: ignore[call-arg]
+assert_type(resilient.FullJitter(0.1, 1.0), resilient.FullJitter)
 
 
 # The block form: `for`/`with` in sync code, `async for`/`async with` in
@@ -448,6 +449,23 @@ def _singleflight() -> None:
     assert_type(group.forget("k"), bool)
     assert_type(group.statistics(), resilient.SingleFlightStatistics)
     assert_type(group.statistics().joined, int)
+
+    # The decorated function's handle on its group, bound for methods too.
+    assert_type(load.statistics(), resilient.SingleFlightStatistics)
+    assert_type(aload.forget(((1,), ())), bool)
+    assert_type(aload.group, resilient.SingleFlight)
+    pending: Coroutine[Any, Any, str] = aload(1)
+    pending.close()
+
+    class Client:
+        @resilient.singleflight()
+        def fetch(self, url: str) -> bytes:
+            return url.encode()
+
+    assert_type(Client().fetch("u"), bytes)
+    assert_type(Client.fetch(Client(), "u"), bytes)
+    assert_type(Client().fetch.statistics(), resilient.SingleFlightStatistics)
+    Client().fetch(1)  # type: ignore[arg-type]
     assert_type(len(group), int)
     assert_type("k" in group, bool)
 
