@@ -29,6 +29,7 @@ from resilient._core._config_retry_budget import (
     RetryBudgetKnobs,
 )
 from resilient._core._registry import Registry
+from resilient._core._shown import shown
 from resilient._core._telemetry import instruments
 from resilient.exceptions import ConfigTypeError
 
@@ -315,7 +316,7 @@ class RetryBudget:
     def __repr__(self) -> str:
         s = self.statistics()
         return (
-            f"<RetryBudget {self.name!r}: {s.retries} retries for "
+            f"<RetryBudget {shown(self.name)!r}: {s.retries} retries for "
             f"{s.calls} calls, {s.available} available>"
         )
 

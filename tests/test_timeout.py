@@ -578,7 +578,7 @@ async def test_async_retry_stops_at_the_scope() -> None:
     """
     calls: list[int] = []
 
-    @resilient.retry(_failing_policy(timeout=REAL_SLEEP * 10))
+    @resilient.retry(_failing_policy(timeout=REAL_SLEEP * 10, budget=None))
     async def call() -> None:
         calls.append(1)
         await anyio.sleep(REAL_SLEEP)

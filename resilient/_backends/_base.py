@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Final, Protocol, final
 import attrs
 
 from resilient._core._clock import remaining
+from resilient._core._shown import NAME_LIMIT, shown
 from resilient.exceptions import ConfigError
 
 
@@ -68,7 +69,7 @@ __all__ = [
 OWNER_BYTES: Final = 20
 
 #: How much of a lock's name reprs, spans and errors show.
-SHOWN_NAME: Final = 80
+SHOWN_NAME: Final = NAME_LIMIT
 
 
 @final
@@ -149,10 +150,7 @@ class LockKey:
     @property
     def shown(self) -> str:
         """The name, cut to `SHOWN_NAME` characters, for messages."""
-        name = self.name
-        if len(name) > SHOWN_NAME:
-            name = name[:SHOWN_NAME] + "..."
-        return name
+        return shown(self.name)
 
     @property
     def int64(self) -> int:

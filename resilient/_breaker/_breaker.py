@@ -74,6 +74,7 @@ from resilient._breaker._settling import (
 from resilient._core import _clock
 from resilient._core._config_breaker import BreakerConfig, Outcome
 from resilient._core._decorate import decorate, is_async_callable
+from resilient._core._shown import shown
 from resilient._core._validate import check_name
 from resilient.exceptions import CircuitOpen, ConfigTypeError
 
@@ -140,7 +141,7 @@ class CircuitBreaker:
         self._pinned = False
 
     def __repr__(self) -> str:
-        return f"<CircuitBreaker {self.name!r} {self._m.state.value}>"
+        return f"<CircuitBreaker {shown(self.name)!r} {self._m.state.value}>"
 
     @property
     def state(self) -> BreakerState:

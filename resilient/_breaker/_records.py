@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Final, Literal, TypeAlias, final
 import attrs
 
 from resilient._core._config_breaker import Outcome
+from resilient._core._shown import shown
 
 
 if TYPE_CHECKING:
@@ -181,7 +182,9 @@ class BreakerPermit:
     def __repr__(self) -> str:
         kind = f"probe {self.probe}" if self.probe else "call"
         done = "settled" if self._done else "open"
-        return f"<BreakerPermit {kind} of {self._breaker.name!r}, {done}>"
+        return (
+            f"<BreakerPermit {kind} of {shown(self._breaker.name)!r}, {done}>"
+        )
 
     def success(self) -> None:
         """The call succeeded."""

@@ -16,6 +16,7 @@ import attrs
 
 from resilient._core import _entered
 from resilient._core._done import DONE, Done
+from resilient._core._shown import shown
 
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class BulkheadPermit:
 
     def __repr__(self) -> str:
         state = ("pending", "waiting", "held", "released")[self._state]
-        return f"<BulkheadPermit of {self._bulkhead.name!r}, {state}>"
+        return f"<BulkheadPermit of {shown(self._bulkhead.name)!r}, {state}>"
 
 
 @final

@@ -28,6 +28,7 @@ from resilient._core import _clock, _entered
 from resilient._core._clock import MonotonicClock
 from resilient._core._decorate import decorate
 from resilient._core._loops import refuse_blocking
+from resilient._core._shown import shown
 from resilient._timeout import check_scope, wake_on_cancel
 from resilient._wait import TaskWaiter, ThreadWaiter, wait_slice
 from resilient.exceptions import BulkheadFull, ConfigError, ConfigTypeError
@@ -367,8 +368,8 @@ class Bulkhead:
     def __repr__(self) -> str:
         s = self._machine.statistics()
         return (
-            f"<Bulkhead {self.name!r}: {s.in_use}/{s.max_concurrent} in use, "
-            f"{s.waiting} waiting>"
+            f"<Bulkhead {shown(self.name)!r}: {s.in_use}/{s.max_concurrent} "
+            f"in use, {s.waiting} waiting>"
         )
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final, final
 
+from resilient._core._shown import shown
 from resilient._pipeline._call import NO_SCOPE, Call, timed_out
 from resilient._pipeline._effects import abandon, aperform, perform
 from resilient._pipeline._flow import NEXT, READY, RUN, flow
@@ -170,7 +171,9 @@ class Attempt:
         self._at = float("inf")
 
     def __repr__(self) -> str:
-        return f"<Attempt {self.number} of {self._attempts.policy.name!r}>"
+        return (
+            f"<Attempt {self.number} of {shown(self._attempts.policy.name)!r}>"
+        )
 
     def remaining(self) -> float:
         """Seconds left for this attempt (`math.inf` if unbounded)."""

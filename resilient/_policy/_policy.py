@@ -47,6 +47,7 @@ from resilient._core._policy_checks import (
     check_timeout_within_budget,
     instance_or_none,
 )
+from resilient._core._shown import shown
 from resilient._core._transient import Transient
 from resilient._core._validate import (
     non_negative,
@@ -369,14 +370,14 @@ class Policy:
         return await call_async(self, self._call_guards(), fn, args, kwargs)  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
-        shown = []
+        fields = [f"name={shown(self.name)!r}"]
         for a in attrs.fields(Policy):
-            if not a.init:
+            if not a.init or a.name == "name":
                 continue
             value = getattr(self, a.name)
-            if a.name == "name" or value != _DEFAULTS[a.name]:
-                shown.append(f"{a.alias}={_short(value)}")
-        return f"Policy({', '.join(shown)})"
+            if value != _DEFAULTS[a.name]:
+                fields.append(f"{a.alias}={_short(value)}")
+        return f"Policy({', '.join(fields)})"
 
 
 def _short(value: object) -> str:

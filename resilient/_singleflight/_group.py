@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ParamSpec, TypeVar, final
 
+from resilient._core._shown import shown
 from resilient._core._validate import check_name
 from resilient._singleflight import _async, _sync
 from resilient._singleflight._machine import (
@@ -72,7 +73,7 @@ class SingleFlight:
     def __repr__(self) -> str:
         s = self._machine.statistics()
         return (
-            f"<SingleFlight {self.name!r}: {s.in_flight} in flight, "
+            f"<SingleFlight {shown(self.name)!r}: {s.in_flight} in flight, "
             f"{s.waiting} waiting>"
         )
 

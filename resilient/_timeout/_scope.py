@@ -39,6 +39,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core import _clock, _loops
+from resilient._core._shown import shown
 from resilient._timeout._alarm import _Alarm, _poke
 from resilient._timeout._entry import (
     _heal,
@@ -180,7 +181,7 @@ class TimeoutScope:
     def __repr__(self) -> str:
         seconds, at = self._request
         what = f"seconds={seconds!r}" if at is None else f"at={at!r}"
-        name = "" if self._name is None else f" name={self._name!r}"
+        name = "" if self._name is None else f" name={shown(self._name)!r}"
         return f"<TimeoutScope {what}{name} {self._state}>"
 
     def __copy__(self) -> TimeoutScope:
