@@ -279,6 +279,9 @@ def bench(session: nox.Session) -> None:
 def simulate(session: nox.Session) -> None:
     """``python -m resilient simulate`` with the arguments after ``--``."""
     _install(session, extras="[plot]")
+    # nox runs a session in this file's folder: run the simulator where nox
+    # was invoked, so that a relative --plot path is the caller's.
+    session.chdir(session.invoked_from)
     session.run("python", "-m", "resilient", "simulate", *session.posargs)
 
 

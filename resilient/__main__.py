@@ -60,6 +60,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KnobWithoutSwitchError as exc:
         args.command_parser.error(f"argument {exc.option}: {exc}")
     if args.plot is not None:
+        folder = os.path.dirname(os.path.abspath(args.plot))  # noqa: PTH100, PTH120
+        if not os.path.isdir(folder):  # noqa: PTH112
+            args.command_parser.error(
+                f"argument --plot: no such directory: {folder}"
+            )
         try:
             require_plotting()
         except ImportError as exc:
@@ -68,8 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ascii_only = args.ascii or not _can_draw(sys.stdout)
     print(render_text(result, ascii_only=ascii_only))
     if args.plot is not None:
-        save_plot(result, args.plot)
-        print(f"\nwrote {args.plot}")
+        # Relative to the working directory; the absolute path says where.
+        path = os.path.abspath(args.plot)  # noqa: PTH100
+        save_plot(result, path)
+        print(f"\nwrote {path}")
     return 0
 
 

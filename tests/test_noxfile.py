@@ -108,3 +108,41 @@ def test_the_uv_notice_is_dropped_and_nothing_else(
 
     assert not nox_logger.filter(record("uv binary not found."))
     assert nox_logger.filter(record("Creating virtual environment (venv)"))
+
+
+class _Session:
+    """What the simulate session asks of nox, recorded in order."""
+
+    def __init__(self, invoked_from: str, posargs: list[str]) -> None:
+        self.invoked_from = invoked_from
+        self.posargs = posargs
+        self.calls: list[tuple[str, object]] = []
+
+    def install(self, *args: str) -> None:
+        self.calls.append(("install", args))
+
+    def chdir(self, folder: str) -> None:
+        self.calls.append(("chdir", folder))
+
+    def run(self, *args: str, **kwargs: object) -> None:
+        self.calls.append(("run", args))
+
+
+def test_the_simulator_runs_where_nox_was_invoked(
+    noxfile: ModuleType, tmp_path: Path
+) -> None:
+    """
+    ``nox -s simulate -- --plot rel.png`` run from another folder writes
+    ``rel.png`` there, not beside noxfile.py: the session installs the
+    project from its own folder, then runs the simulator in the folder nox
+    was invoked from (nox changes to the noxfile's folder).
+    """
+    session = _Session(str(tmp_path), ["--plot", "rel.png"])
+    noxfile.simulate(session)
+    kinds = [kind for kind, _ in session.calls]
+    assert kinds == ["install", "chdir", "run"]
+    assert session.calls[1] == ("chdir", str(tmp_path))
+    assert session.calls[2] == (
+        "run",
+        ("python", "-m", "resilient", "simulate", "--plot", "rel.png"),
+    )

@@ -80,6 +80,40 @@ class TestCommandLine:
         assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"wrote {target}" in capsys.readouterr().out
 
+    def test_a_relative_plot_path_is_the_working_directorys(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """
+        ``--plot rel.png`` writes into the working directory and prints the
+        absolute path it wrote.
+        """
+        pytest.importorskip("matplotlib")
+        monkeypatch.chdir(tmp_path)
+        assert cli.main(["simulate", "--clients=50", "--plot=rel.png"]) == 0
+        assert (tmp_path / "rel.png").read_bytes()[:4] == b"\x89PNG"
+        assert f"wrote {tmp_path / 'rel.png'}" in capsys.readouterr().out
+
+    def test_a_plot_folder_that_does_not_exist_is_refused(
+        self,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str],
+    ) -> None:
+        """
+        ``--plot missing/rel.png`` exits with status 2 before simulating,
+        naming the folder (relative to the working directory) it lacks.
+        """
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(SystemExit) as info:
+            cli.main(["simulate", "--plot=missing/rel.png"])
+        assert info.value.code == 2
+        captured = capsys.readouterr()
+        assert f"no such directory: {tmp_path / 'missing'}" in captured.err
+        assert captured.out == ""
+
     def test_plot_without_matplotlib_says_how_to_get_it(
         self,
         monkeypatch: pytest.MonkeyPatch,
