@@ -6,6 +6,8 @@ differences from the library's defaults are said.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import resilient
@@ -240,3 +242,60 @@ class TestDefaults:
         )
         assert all(len(x) <= 79 for x in lines)
         assert all(x[:19].strip() or x.startswith(" " * 19) for x in lines)
+
+
+_DIRECTION = {"raise": "up", "lower": "down", "shorten": "down"}
+
+
+def knob_directions(lines: tuple[str, ...]) -> dict[str, set[str]]:
+    """
+    Each option a diagnosis tells to raise or lower, with the directions it
+    is told: a verb applies to the options after it in its line.
+    """
+    told: dict[str, set[str]] = {}
+    for line in lines:
+        verb = None
+        for word, flag in re.findall(
+            r"\b(raise|lower|shorten)\b|(--[a-z][a-z-]*)", line
+        ):
+            if word:
+                verb = _DIRECTION[word]
+            elif verb is not None:
+                told.setdefault(flag, set()).add(verb)
+    return told
+
+
+class TestOneDecisionPerKnob:
+    def test_the_ratio_is_not_both_raised_and_lowered(
+        self, steady: dict[str, sim.SimulationResult]
+    ) -> None:
+        """
+        With a breaker and a retry budget under steady traffic the load
+        still reaches 2.2x the capacity while the budget fails 12 % of the
+        calls fast: the diagnosis used to say both "lower
+        --retry-budget-ratio" and "raise --retry-budget-ratio". Now the
+        overload decides (lower), and the budget's line states what it did
+        without telling to raise it.
+        """
+        lines = _diagnose.diagnose(steady["both"])
+        assert knob_directions(lines)["--retry-budget-ratio"] == {"down"}
+        (budget,) = [x for x in lines if x.startswith("the retry budget")]
+        assert "shedding load the dependency could not take" in budget
+        assert "raise" not in budget
+
+    def test_no_run_tells_a_knob_both_ways(
+        self, steady: dict[str, sim.SimulationResult]
+    ) -> None:
+        """Across runs with and without guards, load and outage, every
+        option a diagnosis names goes one way only."""
+        results = [
+            *steady.values(),
+            guarded(breaker=True, retry_budget=True, rate=300.0),
+            guarded(retry_budget=True, clients=3000, capacity=100.0),
+            guarded(breaker=True, clients=200, duration=2.0),
+            run("exponential", clients=500),
+            run("full", clients=200, attempts=4),
+        ]
+        for result in results:
+            told = knob_directions(_diagnose.diagnose(result))
+            assert all(len(ways) == 1 for ways in told.values()), told

@@ -10,7 +10,8 @@ from the run's own figures with a threshold written here:
   at the end (shorten its open interval);
 - the load after the outage above the capacity (jitter, a retry budget, a
   breaker);
-- the calls the retry budget failed fast;
+- the calls the retry budget failed fast (to raise its knobs only when
+  the load stayed within the capacity: one decision per knob);
 
 or that there is nothing to change. `differences` says where the policy
 differs from the library's own defaults (``Policy()``, ``BreakerConfig()``,
@@ -67,11 +68,15 @@ def diagnose(result: SimulationResult) -> tuple[str, ...]:
     What *result*'s figures say to change, one line each; a single line
     saying so when there is nothing to change.
     """
+    overload = _overload(result)
     lines = [
         *_early(result),
         *_breaker(result),
-        *_overload(result),
-        *_budget(result),
+        *overload,
+        # One decision per knob: when the load overran the capacity, the
+        # overload line says to lower the ratio, and the budget's line must
+        # not say to raise it.
+        *_budget(result, overloaded=bool(overload)),
     ]
     s = result.summary
     if not lines and s.success_rate >= HEALTHY:
@@ -171,8 +176,11 @@ def _overload(result: SimulationResult) -> list[str]:
     ]
 
 
-def _budget(result: SimulationResult) -> list[str]:
-    """The calls the retry budget failed fast."""
+def _budget(result: SimulationResult, *, overloaded: bool) -> list[str]:
+    """
+    The calls the retry budget failed fast; to raise its knobs only if the
+    dependency was not overloaded after the outage (*overloaded*).
+    """
     r = result.config.policy.retry_budget
     if r is None:
         return []
@@ -180,6 +188,14 @@ def _budget(result: SimulationResult) -> list[str]:
     refused = result.calls.reasons.count("retry_budget")
     if refused <= BUDGET_GIVE_UPS * calls:
         return []
+    if overloaded:
+        return [
+            (
+                f"the retry budget failed {_share(refused, calls)} fast, "
+                "shedding load the dependency could not take: it was "
+                "overloaded even so (above)"
+            )
+        ]
     return [
         (
             f"the retry budget failed {_share(refused, calls)} fast, to shed "
