@@ -93,11 +93,22 @@ def _failure(
     if not TELEMETRY.record_messages:
         return f"raised {kind}"
     try:
-        message = bounded(str(exc))
+        message = one_line(bounded(str(exc)))
     except Exception:  # noqa: BLE001 - a broken __str__
         message = f"<unprintable {kind}>"
     extra["exception_message"] = message
     return f"raised {kind}: {message}" if message else f"raised {kind}"
+
+
+def one_line(text: str) -> str:
+    """
+    *text* on one line: a log record is one line, and an exception's
+    message may have several (httpx's status errors have two); its lines
+    are joined with a space, each stripped, the empty ones dropped.
+    """
+    if "\n" not in text and "\r" not in text:
+        return text
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _base(event: RetryEvent) -> dict[str, object]:
@@ -193,6 +204,42 @@ def gave_up(event: RetryEvent) -> None:
         "" if event.attempt == 1 else "s",
         event.elapsed,
         (reason or "").replace("_", " "),
+        what,
+        extra=extra,
+    )
+
+
+def fallback_answered(
+    name: str, event: RetryEvent | None, exc: BaseException
+) -> None:
+    """
+    The policy's fallback answered in place of *exc*, the call's final
+    error: said as such, in place of the give-up record (*event*, when
+    retry gave up) that would otherwise have been logged.
+    """
+    log = RETRY
+    serious = event is None or is_give_up(event)
+    level = GIVE_UP_LEVEL if serious else NOT_RETRIED_LEVEL
+    if not log.isEnabledFor(level):
+        return
+    if event is None:
+        extra: dict[str, object] = {"resilient_policy": bounded(name)}
+        how = ""
+    else:
+        extra = _base(event)
+        extra["resilient_reason"] = reason = event.reason
+        how = (
+            f" after {event.attempt} attempt"
+            f"{'' if event.attempt == 1 else 's'} in {event.elapsed:.3f} s "
+            f"({(reason or '').replace('_', ' ')})"
+        )
+    extra["resilient_fallback"] = True
+    what = _failure(extra, exc, None)
+    log.log(
+        level,
+        "resilient: the fallback answered for %r%s; the call %s",
+        extra["resilient_policy"],
+        how,
         what,
         extra=extra,
     )

@@ -51,6 +51,7 @@ class Call:
     __slots__ = (
         "_at",
         "_deadline",
+        "_held",
         "_machine",
         "_outer",
         "_prior",
@@ -86,6 +87,8 @@ class Call:
             else start + budget
         )
         self._machine: RetryMachine | None = None
+        self._held: RetryEvent | None = None
+        """A give-up not logged yet: a fallback may answer in its place."""
         self._rec: CallRecorder | None = recorder(policy.name)
         self._token: Any = None
         self._prior = math.inf
@@ -299,7 +302,21 @@ class Call:
                 _note_once(exc, budget.refusal_note())  # type: ignore[union-attr]
             if self._rec is not None:
                 self._rec.gave_up(step.event)
-            _logging.gave_up(step.event)
+            self._log_give_up(step.event)
+
+    def _log_give_up(self, event: RetryEvent) -> None:
+        """Log a give-up now, or, with a fallback, once the call ends
+        (`abort`; `fallback_answered` says the fallback's answer)."""
+        if self.policy.fallback is None:
+            _logging.gave_up(event)
+        else:
+            self._held = event
+
+    def fallback_answered(self, exc: BaseException) -> None:
+        """The fallback answered in place of *exc*: log that, not a
+        give-up."""
+        event, self._held = self._held, None
+        _logging.fallback_answered(self.policy.name, event, exc)
 
     def returned(self, value: object) -> Retry | GiveUp | None:
         """The attempt returned: accept, retry or give up (keeping it)."""
@@ -338,7 +355,7 @@ class Call:
                 note(exc, wait)
             if self._rec is not None:
                 self._rec.gave_up(wait.event)
-            _logging.gave_up(wait.event)
+            self._log_give_up(wait.event)
         return wait
 
     def fell_back(self, exc: BaseException) -> None:
@@ -354,9 +371,13 @@ class Call:
             rec.ended(exc)
 
     def abort(self, exc: BaseException | None) -> None:
-        """Any other way out: undo every context change, end every span."""
+        """Any other way out: undo every context change, end every span,
+        log a give-up held for a fallback that did not answer."""
         self.exit_deadline()
         self.finish(exc)
+        event, self._held = self._held, None
+        if event is not None:
+            _logging.gave_up(event)
 
     def cancel_scope(self, at: float) -> Any:
         """A deadline for async work ending at *at* (our clock): the

@@ -188,6 +188,7 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
         except BaseException as again:
             call.abort(again)
             raise
+        call.fallback_answered(exc)
         call.finish(None)
         return value
 
