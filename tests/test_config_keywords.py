@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import resilient
+from resilient import simulation as sim
 
 
 CASES: list[tuple[Any, str, str]] = [
@@ -27,6 +28,9 @@ CASES: list[tuple[Any, str, str]] = [
     (resilient.DecorrelatedJitter, "bas", "base"),
     (resilient.Exponential, "cp", "cap"),
     (resilient.Constant, "second", "seconds"),
+    (resilient.Transient, "statuss", "statuses"),
+    (resilient.DependencyFailure, "neverr", "never"),
+    (sim.SimulationConfig, "clientz", "clients"),
 ]
 
 

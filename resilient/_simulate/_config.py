@@ -23,6 +23,7 @@ from resilient import (
     Policy,
     TimeWindow,
 )
+from resilient._core._keywords import settings_checked
 from resilient._core._validate import (
     check_int,
     check_number,
@@ -237,6 +238,7 @@ def _policy(
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True)
 class SimulationConfig:
     """

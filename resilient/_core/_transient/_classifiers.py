@@ -13,6 +13,7 @@ from typing import final
 
 import attrs
 
+from resilient._core._keywords import settings_checked
 from resilient._core._transient._fields import (
     _classes,
     _classes_repr,
@@ -136,6 +137,7 @@ class _Classifier:
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True)
 class Transient(_Classifier):
     """
@@ -243,6 +245,7 @@ class Transient(_Classifier):
 
 
 @final
+@settings_checked
 @attrs.frozen(kw_only=True)
 class DependencyFailure(_Classifier):
     """
