@@ -226,7 +226,7 @@ class Attempt:
                 exc.__traceback__ if exc else None,
             )
             if self._scope.cancelled_caught:
-                return timed_out(self._at), None
+                return timed_out(self._at, exc), None
         if exc is not None:
             return exc, None
         return None, self._result

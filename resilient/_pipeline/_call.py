@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, final, overload
 from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
 from resilient._core._telemetry import recorder
+from resilient._core._transient import Transient, in_flight_request
 from resilient._retry._machine import RetryMachine, note
 from resilient._timeout._watchdog import AttemptDeadline
 from resilient.exceptions import DeadlineExceeded, GaveUpOnResult, Rejected
@@ -226,21 +227,17 @@ class Call:
         telemetry and no log record want it either, a retry is its delay
         alone (a number), and its `RetryEvent` is never made.
         """
-        # The policy's own attempt timeout is retried whatever retry_on
-        # says: the error is the timeout's, at this attempt's deadline.
-        own = (
-            self.own_timeout
-            and isinstance(exc, DeadlineExceeded)
-            and exc.deadline == self._at
-        )
         m = self._machine
         if m is None:
             m = self.machine
         rec = self._rec
         attempt = m.attempt
-        if type(exc) is DeadlineExceeded:
-            self._ended_by(exc, attempt)
-        decision = m.decide_error(exc, own)
+        own, transient = (
+            self._timeout_verdict(exc, attempt)
+            if isinstance(exc, DeadlineExceeded)
+            else (False, None)
+        )
+        decision = m.decide_error(exc, own, transient)
         if (
             quiet
             and rec is None
@@ -268,6 +265,24 @@ class Call:
         elif isinstance(step, GiveUp):
             self._gave_up(exc, step)
         return step
+
+    def _timeout_verdict(
+        self, exc: DeadlineExceeded, attempt: int
+    ) -> tuple[bool, bool | None]:
+        """
+        Whether *exc* is the policy's own attempt timeout, which is retried
+        whatever retry_on says (the error is the timeout's, at this
+        attempt's deadline), unless it cut an HTTP request that must not
+        run twice (a POST without a key: `may_repeat`), which is not
+        retried, whatever retry_on says; and retry_on's verdict when known
+        (None: ask it).
+        """
+        own = self.own_timeout and exc.deadline == self._at
+        if type(exc) is DeadlineExceeded:
+            self._ended_by(exc, attempt)
+            if own and not may_repeat(self.policy.retry_on, exc):
+                return False, False
+        return own, None
 
     def _ended_by(self, exc: DeadlineExceeded, attempt: int) -> None:
         """
@@ -431,6 +446,35 @@ async def arun_hook(
         log.exception("resilient: hook %r raised; ignored", hook)
 
 
-def timed_out(at: float) -> DeadlineExceeded:
-    """The error of an attempt cancelled at its deadline *at*."""
-    return DeadlineExceeded(at, "attempt deadline")
+def timed_out(at: float, cut: BaseException | None = None) -> DeadlineExceeded:
+    """
+    The error of an attempt cancelled at its deadline *at*, *cut* being
+    the cancellation as it left the attempt: the HTTP request it cut short
+    (`in_flight_request`) goes on the error as its ``request``, so that
+    `Transient` and the policy's own timeout judge the error as they judge
+    the client's own timeout error (a POST without a key is not repeated).
+    """
+    error = DeadlineExceeded(at, "attempt deadline")
+    if cut is not None:
+        request = in_flight_request(cut)
+        if request is not None:
+            error.request = request
+    return error
+
+
+_DEFAULT_RULE: Final = Transient()
+
+
+def may_repeat(retry_on: object, exc: DeadlineExceeded) -> bool:
+    """
+    Whether the attempt the policy's own timeout cut (*exc*) may run again:
+    True unless it cut an HTTP request that must not be repeated, by
+    *retry_on*'s rule if it has one (`Transient.may_repeat`: method,
+    idempotency header), else by the default `Transient`'s.
+    """
+    if exc.request is None:
+        return True
+    rule = getattr(retry_on, "may_repeat", None)
+    if not callable(rule):
+        rule = _DEFAULT_RULE.may_repeat
+    return bool(rule(exc))

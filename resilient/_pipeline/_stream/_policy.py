@@ -159,12 +159,17 @@ class PolicyStream:
         kwargs: Any,
     ) -> tuple[BaseException | None, Any]:
         """`_first`, cancelled at the attempt's deadline *at*."""
+        cut: BaseException | None = None
         try:
             with call.cancel_scope(at) as scope:
-                inner = fn(*args, **kwargs)
-                item = await inner.__anext__()
+                try:
+                    inner = fn(*args, **kwargs)
+                    item = await inner.__anext__()
+                except BaseException as exc:
+                    cut = exc  # What the deadline cut, if it did.
+                    raise
             if scope.cancelled_caught:
-                raise timed_out(at)  # noqa: TRY301
+                raise timed_out(at, cut)  # noqa: TRY301
         except StopAsyncIteration:
             return None, (None, None)
         except BaseException as exc:  # noqa: BLE001 - the flow decides
