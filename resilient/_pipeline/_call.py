@@ -356,6 +356,20 @@ class Call:
             _logging.gave_up(wait.event)
         return wait
 
+    def callers_deadline(self, exc: BaseException) -> bool:
+        """
+        Whether *exc* is the deadline around the call (the caller's: a
+        `resilient.timeout` or `deadline` it runs under), not the policy's
+        own budget or timeout nor one inside the call: the caller's
+        deadline is not the dependency's failure, and passes the fallback
+        (as trio's cancellation does, and asyncio's did not).
+        """
+        return (
+            isinstance(exc, DeadlineExceeded)
+            and exc.deadline == self._outer
+            and self._outer != math.inf
+        )
+
     def fell_back(self, exc: BaseException) -> None:
         """The policy's fallback takes over from *exc*: an event (and an
         attribute) on the call's span."""

@@ -182,7 +182,12 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
         if tickets is not None:
             guards.release(tickets)  # type: ignore[union-attr]
         fallback = call.policy.fallback
-        if fallback is None or block or not falls_back(call.policy, exc):
+        if (
+            fallback is None
+            or block
+            or not falls_back(call.policy, exc)
+            or call.callers_deadline(exc)
+        ):
             call.abort(None if isinstance(exc, GeneratorExit) else exc)
             raise
         # The outermost stage: the call's own deadline is spent; the
