@@ -20,13 +20,18 @@ from resilient._core._telemetry import recorder
 from resilient._core._transient import Transient, in_flight_request
 from resilient._retry._machine import RetryMachine, note
 from resilient._timeout._watchdog import AttemptDeadline
-from resilient.exceptions import DeadlineExceeded, GaveUpOnResult, Rejected
+from resilient.exceptions import (
+    CircuitOpen,
+    DeadlineExceeded,
+    GaveUpOnResult,
+    Rejected,
+)
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from resilient._core._decisions import RetryEvent
+    from resilient._core._decisions import GiveUpReason, RetryEvent
     from resilient._core._settings import RetrySettings
     from resilient._core._telemetry import CallRecorder
     from resilient._pipeline._guards import Guards
@@ -120,7 +125,9 @@ class Call:
                 deadline=self._outer,
                 retry_budget=None if guards is None else guards.budget,
                 admission_wait=None
-                if guards is None or not guards.stages
+                if guards is None
+                or not guards.stages
+                or not self.policy.waits_for_breaker
                 else guards.admission_wait,
             )
         return m
@@ -232,12 +239,17 @@ class Call:
             m = self.machine
         rec = self._rec
         attempt = m.attempt
-        own, transient = (
-            self._timeout_verdict(exc, attempt)
-            if isinstance(exc, DeadlineExceeded)
-            else (False, None)
-        )
-        decision = m.decide_error(exc, own, transient)
+        if isinstance(exc, CircuitOpen) and not self.policy.waits_for_breaker:
+            # Not sat out (`Policy.wait_for_breaker`): the call gives up
+            # now, to its fallback if it has one.
+            decision: float | GiveUpReason = "breaker_open"
+        else:
+            own, transient = (
+                self._timeout_verdict(exc, attempt)
+                if isinstance(exc, DeadlineExceeded)
+                else (False, None)
+            )
+            decision = m.decide_error(exc, own, transient)
         if (
             quiet
             and rec is None
