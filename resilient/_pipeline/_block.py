@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final, final
 
-from resilient._pipeline._call import NO_SCOPE, Call, timed_out
+from resilient._pipeline._call import NO_SCOPE, Call
+from resilient._pipeline._cut import timed_out
 from resilient._pipeline._effects import abandon, aperform, perform
 from resilient._pipeline._flow import NEXT, READY, RUN, flow
+from resilient._pipeline._inloop import refuse_in_loop
 
 
 if TYPE_CHECKING:
@@ -345,6 +347,8 @@ class _Attempts:
         return self
 
     def __next__(self) -> Attempt:
+        if self.serial == 0:
+            refuse_in_loop(self.policy, "block")
         if not self._resume():
             raise StopIteration
         try:

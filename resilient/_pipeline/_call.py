@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, final, overload
 from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
 from resilient._core._telemetry import recorder
-from resilient._core._transient import Transient, in_flight_request
+from resilient._pipeline._cut import may_repeat
 from resilient._retry._machine import RetryMachine, note
 from resilient._timeout._watchdog import AttemptDeadline
 from resilient.exceptions import (
@@ -470,37 +470,3 @@ async def arun_hook(
             await result
     except Exception:
         log.exception("resilient: hook %r raised; ignored", hook)
-
-
-def timed_out(at: float, cut: BaseException | None = None) -> DeadlineExceeded:
-    """
-    The error of an attempt cancelled at its deadline *at*, *cut* being
-    the cancellation as it left the attempt: the HTTP request it cut short
-    (`in_flight_request`) goes on the error as its ``request``, so that
-    `Transient` and the policy's own timeout judge the error as they judge
-    the client's own timeout error (a POST without a key is not repeated).
-    """
-    error = DeadlineExceeded(at, "attempt deadline")
-    if cut is not None:
-        request = in_flight_request(cut)
-        if request is not None:
-            error.request = request
-    return error
-
-
-_DEFAULT_RULE: Final = Transient()
-
-
-def may_repeat(retry_on: object, exc: DeadlineExceeded) -> bool:
-    """
-    Whether the attempt the policy's own timeout cut (*exc*) may run again:
-    True unless it cut an HTTP request that must not be repeated, by
-    *retry_on*'s rule if it has one (`Transient.may_repeat`: method,
-    idempotency header), else by the default `Transient`'s.
-    """
-    if exc.request is None:
-        return True
-    rule = getattr(retry_on, "may_repeat", None)
-    if not callable(rule):
-        rule = _DEFAULT_RULE.may_repeat
-    return bool(rule(exc))

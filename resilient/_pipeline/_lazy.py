@@ -40,7 +40,7 @@ import types
 from typing import TYPE_CHECKING, Any, Final
 
 from resilient._core import _clock
-from resilient._pipeline._call import timed_out
+from resilient._pipeline._cut import timed_out
 from resilient._timeout._watchdog import TASK, arm, disarm
 
 

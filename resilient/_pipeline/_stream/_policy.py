@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 import anyio
 
 from resilient._core import _clock, _registry
-from resilient._pipeline._call import Call, timed_out
+from resilient._pipeline._call import Call
+from resilient._pipeline._cut import timed_out
 from resilient._pipeline._effects import aperform, perform
 from resilient._pipeline._effects import throw_into as abandon
 from resilient._pipeline._flow import RUN, SETTLE, flow
