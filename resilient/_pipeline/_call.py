@@ -456,8 +456,14 @@ def run_hook(hook: Callable[[RetryEvent], object], event: RetryEvent) -> None:
     """Run a sync hook; a hook that raises is logged and changes nothing."""
     try:
         hook(event)
-    except Exception:
-        log.exception("resilient: hook %r raised; ignored", hook)
+    except Exception:  # noqa: BLE001 - logged (emit)
+        _logging.emit(
+            log,
+            logging.ERROR,
+            "resilient: hook %r raised; ignored",
+            hook,
+            exc_info=True,
+        )
 
 
 async def arun_hook(
@@ -468,5 +474,11 @@ async def arun_hook(
         result = hook(event)
         if inspect.isawaitable(result):
             await result
-    except Exception:
-        log.exception("resilient: hook %r raised; ignored", hook)
+    except Exception:  # noqa: BLE001 - logged (emit)
+        _logging.emit(
+            log,
+            logging.ERROR,
+            "resilient: hook %r raised; ignored",
+            hook,
+            exc_info=True,
+        )

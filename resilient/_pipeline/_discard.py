@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Final
 
+from resilient._core._logging import emit
+
 
 log: Final = logging.getLogger("resilient")
 
@@ -37,9 +39,13 @@ def close_discarded(value: Any) -> None:
     """Close a discarded response from sync code."""
     try:
         value.close()
-    except Exception:
-        log.debug(
-            "resilient: closing a discarded %r failed", value, exc_info=True
+    except Exception:  # noqa: BLE001 - logged (emit)
+        emit(
+            log,
+            logging.DEBUG,
+            "resilient: closing a discarded %r failed",
+            value,
+            exc_info=True,
         )
 
 
@@ -57,7 +63,11 @@ async def aclose_discarded(value: Any) -> None:
         except RuntimeError:
             # httpx: "Attempted to call an async close on a sync stream".
             value.close()
-    except Exception:
-        log.debug(
-            "resilient: closing a discarded %r failed", value, exc_info=True
+    except Exception:  # noqa: BLE001 - logged (emit)
+        emit(
+            log,
+            logging.DEBUG,
+            "resilient: closing a discarded %r failed",
+            value,
+            exc_info=True,
         )
