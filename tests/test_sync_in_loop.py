@@ -83,3 +83,36 @@ def test_what_cannot_block_is_allowed(anyio_backend: str) -> None:
 
     anyio.run(main, backend=anyio_backend)
     assert retried() == "retried"  # No loop here.
+
+
+def test_sync_bulkhead_in_a_loop_is_refused_at_once(
+    anyio_backend: str,
+) -> None:
+    """
+    A sync ``with bulkhead``, `Bulkhead.acquire` or sync function under a
+    bulkhead that queues, on a loop's thread, raises at once, though a
+    slot is free; one that never queues (``max_wait=0``), and
+    `acquire_nowait`, are allowed.
+    """
+    queues = resilient.bulkhead(
+        f"queues-{anyio_backend}", max_concurrent=2, max_wait=1.0
+    )
+    never = resilient.bulkhead(
+        f"never-{anyio_backend}", max_concurrent=2, max_wait=0
+    )
+    ran: list[int] = []
+
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match="event loop"), queues:
+            ran.append(1)
+        with pytest.raises(RuntimeError, match="event loop"):
+            queues.acquire()
+        with pytest.raises(RuntimeError, match="event loop"):
+            queues(lambda: ran.append(1))()
+        with queues.acquire_nowait(), never:
+            ran.append(2)
+        queues.acquire(timeout=0).release()
+
+    anyio.run(main, backend=anyio_backend)
+    assert ran == [2]
+    assert queues.statistics().in_use == 0

@@ -46,7 +46,11 @@ def may_wait(policy: RetrySettings) -> bool:
     wait is refused then, by that check.)
     """
     bulkhead = policy.bulkhead
-    if bulkhead is not None and bulkhead.max_waiting > 0:
+    if (
+        bulkhead is not None
+        and bulkhead.max_waiting > 0
+        and bulkhead.max_wait != 0
+    ):
         return True
     backoff = policy.backoff
     return policy.attempts != 1 and not (
