@@ -15,7 +15,6 @@ import httpx
 import pytest
 
 import resilient
-from resilient._core._transient import in_flight_request
 from resilient.http._keys import _HEADER
 
 
@@ -122,7 +121,40 @@ def test_repeatable_request_cut_by_the_attempt_timeout_is_retried(
 def test_in_flight_request_is_found_only_in_http_client_frames() -> None:
     """An error raised outside an HTTP client's code names no request,
     even where a local variable is a request (the caller's, done)."""
+    from resilient._core._transient import in_flight_request
+
     request = httpx.Request("POST", "http://127.0.0.1/")
     with pytest.raises(KeyError) as caught:
         raise KeyError(request.method)
     assert in_flight_request(caught.value) is None
+
+
+@pytest.mark.parametrize(
+    ("method", "keyed", "sent"),
+    [("POST", False, 1), ("GET", False, 3), ("POST", True, 3)],
+    ids=["post", "get", "keyed"],
+)
+def test_a_stream_cut_before_its_first_item_is_judged_by_its_request(
+    anyio_backend: str, method: str, keyed: bool, sent: int, server: Server
+) -> None:
+    """A streamed response whose first item the policy's own timeout cut:
+    restarted for a GET or a keyed POST, not for a POST without a key."""
+    policy = _policy()
+    url = server.url + "/slow"
+    headers = {_HEADER: "order-42"} if keyed else {}
+
+    async def main() -> None:
+        async with httpx.AsyncClient() as client:
+
+            @policy
+            async def lines() -> Any:
+                async with client.stream(method, url, headers=headers) as r:
+                    async for line in r.aiter_lines():
+                        yield line
+
+            async for _ in lines():
+                pass
+
+    with pytest.raises(resilient.DeadlineExceeded):
+        anyio.run(main, backend=anyio_backend)
+    assert _processed(server, sent) == sent
