@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -292,3 +293,55 @@ def test_fallback_is_recorded_in_the_span(
     assert event.attributes["exception.type"] == "ConnectionError"
     assert call.attributes["resilient.fallback"] == "ConnectionError"
     assert call.status.status_code is StatusCode.OK
+
+
+def test_callers_own_deadline_passes_the_fallback(driver: Driver) -> None:
+    """
+    The deadline of a `resilient.timeout` around the call is the caller's,
+    not the dependency's failure: it reaches the caller, never the
+    policy's fallback, on sync, asyncio and trio alike (on 4f15275 the
+    asyncio call returned the fallback's answer to `DeadlineExceeded`,
+    trio's raised). A deadline inside the call (the dependency's own) is
+    still handed over.
+    """
+    handed: list[BaseException] = []
+
+    def fallback(exc: Exception) -> str:
+        handed.append(exc)
+        return "fb"
+
+    policy = _policy(fallback=fallback)
+
+    if driver.is_async:
+
+        async def body() -> None:
+            await anyio.sleep(5)
+
+    else:
+
+        def body() -> None:
+            time.sleep(0.1)
+            resilient.checkpoint()
+
+    def around() -> Any:
+        with resilient.timeout(0.05):
+            return policy(body)()
+
+    async def aaround() -> Any:
+        with resilient.timeout(0.05):
+            return await policy(body)()
+
+    with pytest.raises(resilient.DeadlineExceeded):
+        driver.run(aaround if driver.is_async else around)
+    assert handed == []
+
+    def inner() -> Any:
+        with resilient.timeout(0.05):
+            return body()
+
+    async def ainner() -> Any:
+        with resilient.timeout(0.05):
+            return await body()  # type: ignore[func-returns-value]
+
+    assert driver.run(policy(ainner if driver.is_async else inner)) == "fb"
+    assert [type(e) for e in handed] == [resilient.TimedOut]

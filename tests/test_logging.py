@@ -474,3 +474,58 @@ def test_a_breaker_that_will_not_admit_in_time_is_a_give_up(
     give_up = records(logs)[-1]
     assert give_up.resilient_reason == "breaker_open"  # type: ignore[attr-defined]
     assert give_up.resilient_breaker == "slowpoke"  # type: ignore[attr-defined]
+
+
+class Raising(logging.Handler):
+    """A handler whose emit raises, as a broken network handler does."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.calls = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.calls += 1
+        raise RuntimeError("the log shipper is down")
+
+    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+        # Not through Handler.handle's lock only: emit raises through it.
+        self.emit(record)
+        return True
+
+
+@pytest.fixture
+def raising(
+    capsys: pytest.CaptureFixture[str],
+) -> Any:
+    """A raising handler on resilient's logger, every level on."""
+    handler = Raising()
+    logger = logging.getLogger("resilient")
+    old = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(old)
+
+
+def test_a_raising_handler_changes_no_retry(
+    driver: Driver, clock: Any, raising: Raising
+) -> None:
+    """
+    A handler that raises while resilient logs a retry, a rejection, a
+    give-up, a breaker's change or a hook's failure changes nothing: the
+    retries go on and the call ends as it would have (on 4f15275 the
+    handler's error ended the call at the first retry's record).
+    """
+    policy = Policy(name="logged", attempts=3, backoff=Constant(seconds=0))
+    assert driver.call(policy, flaky(2)) == "ok"
+    with pytest.raises(ConnectionError, match="down 3"):
+        driver.call(policy, flaky(3))
+
+    def bad_hook(event: object) -> None:
+        raise ValueError("hook")
+
+    hooked = policy.evolve(before_sleep=bad_hook)
+    assert driver.call(hooked, flaky(1)) == "ok"
+    retry_past_a_breaker_that_opens(driver)
+    assert raising.calls >= 6

@@ -1026,3 +1026,43 @@ def test_an_interrupt_between_the_flows_effects_leaves_nothing(
     spans = telemetry.spans()
     assert sorted(s.name for s in spans) == ["llm", "llm attempt"]
     assert not any(s.status.is_ok for s in spans)
+
+
+def test_the_consumer_keeps_its_own_span_between_items(
+    runner: Runner, telemetry: Any
+) -> None:
+    """
+    Between items the consumer's current span is its own, not the stream's
+    call span (on 4f15275 the call span stayed current from the first item
+    on, so the consumer's spans became its children); the stream's steps
+    run under the call span.
+    """
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
+    seen_inside: list[str] = []
+
+    def body() -> Iterator[int]:
+        for i in range(3):
+            span = trace.get_current_span()
+            seen_inside.append(getattr(span, "name", "none"))
+            yield i
+
+    stream = _retrying()(runner.gen(body))
+    consumer = telemetry.tracer_provider.get_tracer("t").start_span("consumer")
+
+    def scenario(r: Runner) -> Scenario:
+        token = otel_context.attach(trace.set_span_in_context(consumer))
+        try:
+            s = stream()
+            for _ in range(3):
+                yield r.next(s)
+                assert trace.get_current_span() is consumer
+            yield r.drain(s)
+            assert trace.get_current_span() is consumer
+        finally:
+            otel_context.detach(token)
+
+    runner.run(scenario)
+    consumer.end()
+    assert seen_inside == ["llm attempt", "llm", "llm"]

@@ -603,7 +603,8 @@ def test_a_dangling_attempt_span_ends_with_the_call(
     telemetry: Telemetry,
 ) -> None:
     """A call that ends while an attempt is open ends (and counts) that
-    attempt too; ending an attempt twice changes nothing."""
+    attempt too, and leaves no span current (on 4f15275 the call's stayed
+    current); ending an attempt twice changes nothing."""
     rec = _telemetry.recorder("dangling")
     assert rec is not None
     rec.attempt_started(1)
@@ -611,6 +612,7 @@ def test_a_dangling_attempt_span_ends_with_the_call(
     rec.attempt_ended(None)
     rec.attempt_started(2)
     rec.ended(KeyError("stop"))
+    assert not trace.get_current_span().get_span_context().is_valid
     spans = telemetry.spans()
     assert [s.name for s in spans] == [
         "dangling attempt",
@@ -646,3 +648,44 @@ def test_a_budget_too_short_for_any_retry_is_a_give_up(
     (call,) = [s for s in telemetry.spans() if s.name == "short"]
     assert call.attributes["resilient.give_up.reason"] == "budget"
     assert telemetry.metrics()["resilient.give_ups"] == 1
+
+
+def test_a_block_left_with_break_ends_the_call_span(
+    driver: Driver, clock: Any, telemetry: Telemetry
+) -> None:
+    """
+    The block form left with ``break`` before ``with attempt:`` ends the
+    call's span as the loop ends, while the attempt it handed out is still
+    referenced (on 4f15275 the span stayed open until that attempt was
+    dropped, here at the end of the test).
+    """
+    policy = Policy(name="left", attempts=3, backoff=Constant(seconds=0))
+    ended: list[list[str]] = []
+
+    def body(attempt: resilient.Attempt) -> None:
+        if attempt.number == 1:
+            raise ConnectionError
+
+    if driver.is_async:
+
+        async def main() -> resilient.Attempt:
+            async for attempt in resilient.retrying(policy):
+                if attempt.number == 2:
+                    break
+                async with attempt:
+                    body(attempt)
+            ended.append([s.name for s in telemetry.spans()])
+            return attempt
+
+        kept = driver.run(main)
+    else:
+        for attempt in resilient.retrying(policy):
+            if attempt.number == 2:
+                break
+            with attempt:
+                body(attempt)
+        ended.append([s.name for s in telemetry.spans()])
+        kept = attempt
+    assert ended == [["left attempt", "left"]]
+    with pytest.raises(RuntimeError, match="loop is over"):
+        kept.__enter__()

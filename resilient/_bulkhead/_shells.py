@@ -7,9 +7,11 @@ task (``async with``, `Bulkhead.aacquire`, an async one); the machine
 
 from __future__ import annotations
 
+import asyncio
 import math
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, cast, final
 
+import sniffio
 from opentelemetry import trace as otel_trace
 
 from resilient._bulkhead._machine import (
@@ -44,6 +46,9 @@ if TYPE_CHECKING:
 P = ParamSpec("P")
 T = TypeVar("T")
 
+_thread_local: Final = sniffio.thread_local
+_get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
+
 
 @final
 class Bulkhead:
@@ -68,11 +73,14 @@ class Bulkhead:
         with db.acquire(timeout=0.5):
             ...
 
-    A sync wait (``with``, `acquire`, a sync decorated function) in a thread
-    that runs an event loop raises `RuntimeError` instead of blocking the
-    loop (it could deadlock: the task that would free the slot could never
-    run); use the async form there. Taking a free slot never blocks, so
-    `acquire_nowait` and a bulkhead with ``max_wait=0`` work anywhere.
+    A sync entry that could wait (``with``, `acquire`, a sync decorated
+    function, on a bulkhead that queues) in a thread that runs an event
+    loop raises `RuntimeError` at once, free slot or not, instead of
+    blocking the loop once it is full (it could deadlock: the task that
+    would free the slot could never run); use the async form there.
+    Taking a free slot never blocks, so `acquire_nowait`,
+    ``acquire(timeout=0)`` and a bulkhead with ``max_wait=0`` work
+    anywhere.
 
     .. versionadded:: 26.11.0
     """
@@ -113,6 +121,8 @@ class Bulkhead:
             RuntimeError: It would wait, in a thread that runs an event
                 loop (use `aacquire`).
         """
+        if _thread_local.name is not None or _get_running_loop() is not None:
+            self._refuse_in_loop(timeout)
         permit = BulkheadPermit(self)
         try:
             if not self._machine.take(permit):
@@ -186,6 +196,20 @@ class Bulkhead:
             return None
         return clock, type(clock) is MonotonicClock
 
+    def _refuse_in_loop(self, timeout: float | None) -> None:
+        """
+        On a thread that runs an event loop: raise if a sync entry with
+        *timeout* could wait (the bulkhead queues, the wait is not zero),
+        at once, not only once the bulkhead is full (issue 15).
+        """
+        config = self._machine.config
+        wait = config.max_wait if timeout is None else timeout
+        if config.max_waiting > 0 and wait != 0:
+            refuse_blocking(
+                f"a sync entry into bulkhead {self.name!r}, which can queue,",
+                "`async with bulkhead` or `await bulkhead.aacquire()`",
+            )
+
     def _wait(self, permit: BulkheadPermit, timeout: float | None) -> None:
         """Wait in this thread until *permit* holds a slot, or raise."""
         m = self._machine
@@ -251,6 +275,8 @@ class Bulkhead:
     def _sync_shell(
         self, fn: Callable[..., Any], args: Any, kwargs: Any
     ) -> Any:
+        if _thread_local.name is not None or _get_running_loop() is not None:
+            self._refuse_in_loop(None)
         m = self._machine
         permit = BulkheadPermit(self)
         try:
@@ -276,6 +302,8 @@ class Bulkhead:
         permit = _entered.take_handed()
         if permit is None or permit._bulkhead is not self:  # noqa: SLF001
             return self._enter_stacked()
+        if _thread_local.name is not None or _get_running_loop() is not None:
+            self._refuse_in_loop(None)  # Nothing taken yet.
         try:
             if not self._machine.take(permit):
                 self._wait(permit, None)

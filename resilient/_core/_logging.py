@@ -11,13 +11,21 @@ them), and one that configures logging decides everything else.
 Every emitter asks `Logger.isEnabledFor` first (which the standard library
 caches per logger and level) and builds nothing when the level is off; the
 emitters run on failure paths only, never on a first attempt's success.
+
+Every record goes out through `emit`, which isolates the caller from the
+handlers: a handler or filter that raises (a log shipper that is down)
+drops its record, as `logging.Handler.handleError` would, and never
+changes what the call does (it ended a retrying call at its first retry's
+record).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Final
+import sys
+import traceback
+from typing import TYPE_CHECKING, Any, Final
 
 from resilient._core._telemetry import (
     TELEMETRY,
@@ -64,6 +72,44 @@ NOT_RETRIED_LEVEL: Final = logging.DEBUG
 """A first attempt's failure the policy does not retry (a 404, or any
 error when it allows one attempt): not a give-up, only the answer to "why
 was this not retried?"."""
+
+
+def emit(
+    logger: logging.Logger,
+    level: int,
+    msg: str,
+    *args: object,
+    extra: dict[str, Any] | None = None,
+    exc_info: bool = False,
+) -> None:
+    """
+    ``logger.log(level, msg, *args, ...)``, isolated: an `Exception` a
+    handler or a filter raises is reported on stderr (when
+    `logging.raiseExceptions` is on, as `logging.Handler.handleError` does)
+    and the record dropped; the caller goes on as if it had been logged.
+    """
+    try:
+        # The record's place is emit's caller (stacklevel), as if it
+        # had called the logger itself.
+        logger.log(
+            level,
+            msg,
+            *args,
+            extra=extra,
+            exc_info=True if exc_info else None,
+            stacklevel=2,
+        )
+    except Exception:  # noqa: BLE001 - the record is dropped, never the call
+        if logging.raiseExceptions:
+            try:
+                sys.stderr.write(
+                    "--- resilient: a logging handler raised; record "
+                    f"dropped: {msg % args if args else msg}\n"
+                )
+                traceback.print_exc(file=sys.stderr)
+            except Exception:  # noqa: BLE001, S110 - nowhere left to say it
+                pass
+
 
 _OPENED_LEVEL: Final = logging.WARNING
 _OPEN_STATES: Final = frozenset({"open", "forced_open"})
@@ -130,7 +176,9 @@ def retry_scheduled(event: RetryEvent) -> None:
     extra["resilient_delay"] = event.delay
     extra["resilient_delay_source"] = event.delay_source
     what = _failure(extra, event.exception, event.result)
-    log.warning(
+    emit(
+        log,
+        logging.WARNING,
         "resilient: %r attempt %d %s; retrying in %.3f s (%s)",
         extra["resilient_policy"],
         event.attempt,
@@ -153,7 +201,9 @@ def rejection_outwaited(event: RetryEvent) -> None:
     exc = event.exception
     extra["exception_type"] = type_name(exc)
     stage = _stage(extra, exc)
-    log.info(
+    emit(
+        log,
+        logging.INFO,
         "resilient: %r attempt %d rejected by %s; trying again in %.3f s",
         extra["resilient_policy"],
         event.attempt,
@@ -182,7 +232,9 @@ def gave_up(event: RetryEvent) -> None:
             extra = _base(event)
             extra["resilient_reason"] = reason = event.reason
             what = _failure(extra, event.exception, event.result)
-            log.debug(
+            emit(
+                log,
+                logging.DEBUG,
                 "resilient: %r attempt 1 %s; not retried (%s)",
                 extra["resilient_policy"],
                 what,
@@ -196,7 +248,9 @@ def gave_up(event: RetryEvent) -> None:
     extra = _base(event)
     extra["resilient_reason"] = reason = event.reason
     what = _failure(extra, event.exception, event.result)
-    log.warning(
+    emit(
+        log,
+        logging.WARNING,
         "resilient: gave up on %r after %d attempt%s in %.3f s (%s); "
         "the last attempt %s",
         extra["resilient_policy"],
@@ -274,7 +328,8 @@ def breaker_transition(event: BreakerTransition) -> None:
             if wait == math.inf
             else f"; next probe in {wait:.3f} s"
         )
-    log.log(
+    emit(
+        log,
         level,
         "resilient: breaker %r %s -> %s (%s)%s",
         extra["resilient_breaker"],

@@ -249,9 +249,11 @@ class CallRecorder:
         Close the call's span (and a dangling attempt span, if any), with
         the number of attempts made (``resilient.attempts``).
         """
-        self.exit()
+        # The attempt's context first: it was attached after the call's,
+        # and undoing them in the other order left the call span current.
         if self._open:
             self.attempt_ended(exc, resume=False)
+        self.exit()
         span, self._span = self._span, None
         if span is None:
             return

@@ -99,5 +99,10 @@ class RetrySettings(Protocol):
         """Which final exceptions the fallback takes over from."""
 
     @property
+    def waits_for_breaker(self) -> bool:
+        """Whether a call sits out an open breaker (`Policy`'s
+        *wait_for_breaker*)."""
+
+    @property
     def has_async_hooks(self) -> bool:
         """Whether a hook is async."""

@@ -33,10 +33,13 @@ class DeadlineExceeded(ResilientError, TimeoutError):
         seconds: How long *limit* allowed, in seconds: the timeout, the
             budget, or for ``"deadline"`` the time from the call's start;
             None when not known.
+        request: The HTTP request (httpx's) in flight when the deadline
+            cancelled an async attempt, or None: `Transient` judges the
+            error by it, as it judges the client's own timeout error.
 
     .. versionchanged:: 26.12.0
        *policy*, *attempt*, *limit* and *seconds*, and the message that
-       shows them.
+       shows them; *request*.
     """
 
     # Class defaults: a deadline that ended no policy's attempt costs no
@@ -45,6 +48,7 @@ class DeadlineExceeded(ResilientError, TimeoutError):
     attempt: int | None = None
     limit: str | None = None
     seconds: float | None = None
+    request: object | None = None
 
     def __init__(self, deadline: float, what: str = "deadline") -> None:
         self.deadline = deadline

@@ -10,6 +10,11 @@ policy configures it, so a plain retry policy pays nothing for them.
 - `_guards`: a policy's stages and retry budget, built once per decorated
   function;
 - `_call`: one call's state (deadline tokens, telemetry, lazy machine);
+- `_cut`: the error of an async attempt cut at its deadline, and whether
+  the request it cut may run again;
+- `_discard`: closing a response the policy discards to retry;
+- `_inloop`: sync forms refused on an event loop's thread at their first
+  call;
 - `_flow`: the one generator every decision is written in;
 - `_run`: the sync and async decorator drivers, with the bare first attempt;
 - `_block`: the block form, a third driver of the same flow.

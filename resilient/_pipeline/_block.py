@@ -11,18 +11,22 @@ kept result), or the call's error raised out of the block.
 
 Nothing is left in the context between two iterations: a loop left early
 (``break``, an exception before ``with attempt:``) leaves no current span
-or deadline behind, and when the iterator and the attempt are dropped the
-flow is closed, which releases what it holds and ends its spans.
+or deadline behind, and when the loop drops its iterator the flow is closed,
+which releases what it holds and ends its spans (an attempt holds the
+iterator weakly: one still referenced after the loop keeps nothing open).
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core._shown import shown
-from resilient._pipeline._call import NO_SCOPE, Call, timed_out
+from resilient._pipeline._call import NO_SCOPE, Call
+from resilient._pipeline._cut import timed_out
 from resilient._pipeline._effects import abandon, aperform, perform
 from resilient._pipeline._flow import NEXT, READY, RUN, flow
+from resilient._pipeline._inloop import refuse_in_loop
 
 
 if TYPE_CHECKING:
@@ -149,8 +153,10 @@ class Attempt:
 
     __slots__ = (
         "_at",
-        "_attempts",
+        "_clock",
         "_entered",
+        "_loop",
+        "_name",
         "_result",
         "_scope",
         "_serial",
@@ -159,7 +165,13 @@ class Attempt:
     )
 
     def __init__(self, attempts: _Attempts, number: int) -> None:
-        self._attempts = attempts
+        # A weak reference: the loop (``for``/``async for``) holds its
+        # iterator, and a loop left with ``break`` drops it, which closes
+        # the flow and ends the call's span then and there, even while
+        # the attempt handed out last is still referenced.
+        self._loop = weakref.ref(attempts)
+        self._name = attempts.policy.name
+        self._clock = attempts.call.clock
         self._serial = attempts.serial
         self.number = number
         """The attempt's number: 1 is the first."""
@@ -171,15 +183,21 @@ class Attempt:
         self._at = float("inf")
 
     def __repr__(self) -> str:
-        return (
-            f"<Attempt {self.number} of {shown(self._attempts.policy.name)!r}>"
-        )
+        return f"<Attempt {self.number} of {shown(self._name)!r}>"
+
+    @property
+    def _attempts(self) -> _Attempts:
+        """The loop's iterator, while the loop runs."""
+        attempts = self._loop()
+        if attempts is None:
+            raise RuntimeError("this attempt's loop is over")
+        return attempts
 
     def remaining(self) -> float:
         """Seconds left for this attempt (`math.inf` if unbounded)."""
         if self._at == float("inf"):
             return self._at
-        return max(0.0, self._at - self._attempts.call.clock.now())
+        return max(0.0, self._at - self._clock.now())
 
     def set_result(self, value: object) -> None:
         """
@@ -229,7 +247,7 @@ class Attempt:
                 exc.__traceback__ if exc else None,
             )
             if self._scope.cancelled_caught:
-                return timed_out(self._at), None
+                return timed_out(self._at, exc), None
         if exc is not None:
             return exc, None
         return None, self._result
@@ -295,10 +313,11 @@ class Attempt:
 class _Attempts:
     """The iterator of the block form; one per loop, one flow per loop."""
 
-    # No reference back to the attempts it hands out: a loop left early
-    # (`break`) is then freed, and its flow closed, as soon as the last
-    # attempt is dropped.
+    # No reference back to the attempts it hands out, which hold it weakly:
+    # a loop left early (`break`) frees it, and closes its flow, as soon as
+    # the loop drops it.
     __slots__ = (
+        "__weakref__",
         "call",
         "entered",
         "gen",
@@ -348,6 +367,8 @@ class _Attempts:
         return self
 
     def __next__(self) -> Attempt:
+        if self.serial == 0:
+            refuse_in_loop(self.policy, "block")
         if not self._resume():
             raise StopIteration
         try:

@@ -17,15 +17,21 @@ from typing import TYPE_CHECKING, Any, Final, Literal, final, overload
 from resilient._core import _clock, _logging, _state
 from resilient._core._decisions import GiveUp, Retry
 from resilient._core._telemetry import recorder
+from resilient._pipeline._cut import may_repeat
 from resilient._retry._machine import RetryMachine, note
 from resilient._timeout._watchdog import AttemptDeadline
-from resilient.exceptions import DeadlineExceeded, GaveUpOnResult, Rejected
+from resilient.exceptions import (
+    CircuitOpen,
+    DeadlineExceeded,
+    GaveUpOnResult,
+    Rejected,
+)
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from resilient._core._decisions import RetryEvent
+    from resilient._core._decisions import GiveUpReason, RetryEvent
     from resilient._core._settings import RetrySettings
     from resilient._core._telemetry import CallRecorder
     from resilient._pipeline._guards import Guards
@@ -122,7 +128,9 @@ class Call:
                 deadline=self._outer,
                 retry_budget=None if guards is None else guards.budget,
                 admission_wait=None
-                if guards is None or not guards.stages
+                if guards is None
+                or not guards.stages
+                or not self.policy.waits_for_breaker
                 else guards.admission_wait,
             )
         return m
@@ -229,21 +237,22 @@ class Call:
         telemetry and no log record want it either, a retry is its delay
         alone (a number), and its `RetryEvent` is never made.
         """
-        # The policy's own attempt timeout is retried whatever retry_on
-        # says: the error is the timeout's, at this attempt's deadline.
-        own = (
-            self.own_timeout
-            and isinstance(exc, DeadlineExceeded)
-            and exc.deadline == self._at
-        )
         m = self._machine
         if m is None:
             m = self.machine
         rec = self._rec
         attempt = m.attempt
-        if type(exc) is DeadlineExceeded:
-            self._ended_by(exc, attempt)
-        decision = m.decide_error(exc, own)
+        if isinstance(exc, CircuitOpen) and not self.policy.waits_for_breaker:
+            # Not sat out (`Policy.wait_for_breaker`): the call gives up
+            # now, to its fallback if it has one.
+            decision: float | GiveUpReason = "breaker_open"
+        else:
+            own, transient = (
+                self._timeout_verdict(exc, attempt)
+                if isinstance(exc, DeadlineExceeded)
+                else (False, None)
+            )
+            decision = m.decide_error(exc, own, transient)
         if (
             quiet
             and rec is None
@@ -271,6 +280,19 @@ class Call:
         elif isinstance(step, GiveUp):
             self._gave_up(exc, step)
         return step
+
+    def _timeout_verdict(
+        self, exc: DeadlineExceeded, attempt: int
+    ) -> tuple[bool, bool | None]:
+        """Whether *exc* is the policy's own attempt timeout (retried
+        whatever retry_on says, unless it cut a request that must not run
+        twice: `may_repeat`), and retry_on's verdict if known (None: ask)."""
+        own = self.own_timeout and exc.deadline == self._at
+        if type(exc) is DeadlineExceeded:
+            self._ended_by(exc, attempt)
+            if own and not may_repeat(self.policy.retry_on, exc):
+                return False, False
+        return own, None
 
     def _ended_by(self, exc: DeadlineExceeded, attempt: int) -> None:
         """
@@ -358,6 +380,20 @@ class Call:
             self._log_give_up(wait.event)
         return wait
 
+    def callers_deadline(self, exc: BaseException) -> bool:
+        """
+        Whether *exc* is the deadline around the call (the caller's: a
+        `resilient.timeout` or `deadline` it runs under), not the policy's
+        own budget or timeout nor one inside the call: the caller's
+        deadline is not the dependency's failure, and passes the fallback
+        (as trio's cancellation does, and asyncio's did not).
+        """
+        return (
+            isinstance(exc, DeadlineExceeded)
+            and exc.deadline == self._outer
+            and self._outer != math.inf
+        )
+
     def fell_back(self, exc: BaseException) -> None:
         """The policy's fallback takes over from *exc*: an event (and an
         attribute) on the call's span."""
@@ -436,8 +472,14 @@ def run_hook(hook: Callable[[RetryEvent], object], event: RetryEvent) -> None:
     """Run a sync hook; a hook that raises is logged and changes nothing."""
     try:
         hook(event)
-    except Exception:
-        log.exception("resilient: hook %r raised; ignored", hook)
+    except Exception:  # noqa: BLE001 - logged (emit)
+        _logging.emit(
+            log,
+            logging.ERROR,
+            "resilient: hook %r raised; ignored",
+            hook,
+            exc_info=True,
+        )
 
 
 async def arun_hook(
@@ -448,10 +490,11 @@ async def arun_hook(
         result = hook(event)
         if inspect.isawaitable(result):
             await result
-    except Exception:
-        log.exception("resilient: hook %r raised; ignored", hook)
-
-
-def timed_out(at: float) -> DeadlineExceeded:
-    """The error of an attempt cancelled at its deadline *at*."""
-    return DeadlineExceeded(at, "attempt deadline")
+    except Exception:  # noqa: BLE001 - logged (emit)
+        _logging.emit(
+            log,
+            logging.ERROR,
+            "resilient: hook %r raised; ignored",
+            hook,
+            exc_info=True,
+        )

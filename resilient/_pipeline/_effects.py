@@ -1,7 +1,8 @@
 """
 The effects of the flow other than its attempts, carried out by the
 drivers (`resilient._pipeline._run`, the block form, the stream drivers):
-admissions, settles, sleeps, hooks, the fallback; and how a driver
+admissions, settles, sleeps, hooks, the fallback, closing a discarded
+response; and how a driver
 abandons a suspended flow when an exception lands outside it.
 """
 
@@ -11,8 +12,16 @@ from typing import TYPE_CHECKING, Any
 
 from resilient._core._loops import refuse_blocking
 from resilient._pipeline._call import arun_hook, run_hook
+from resilient._pipeline._discard import aclose_discarded, close_discarded
 from resilient._pipeline._fallback import arun_fallback, run_fallback
-from resilient._pipeline._flow import ADMIT, FALLBACK, HOOK, SETTLE, SLEEP
+from resilient._pipeline._flow import (
+    ADMIT,
+    DISCARD,
+    FALLBACK,
+    HOOK,
+    SETTLE,
+    SLEEP,
+)
 from resilient._timeout._watchdog import checkpoint
 
 
@@ -45,6 +54,8 @@ def perform(call: Call, op: int, arg: Any) -> Any:
         run_hook(*arg)
     elif op == FALLBACK:
         return run_fallback(*arg)
+    elif op == DISCARD:
+        close_discarded(arg)
     return None
 
 
@@ -66,6 +77,8 @@ async def aperform(call: Call, op: int, arg: Any) -> Any:
             await arun_hook(*arg)
     elif op == FALLBACK:
         return await arun_fallback(*arg)
+    elif op == DISCARD:
+        await aclose_discarded(arg)
     return None
 
 

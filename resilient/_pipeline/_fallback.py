@@ -23,6 +23,7 @@ import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Final
 
+from resilient._core._logging import emit
 from resilient._core._transient import every_leaf
 from resilient._retry._machine import WrongShell
 
@@ -56,12 +57,15 @@ def _handles(policy: RetrySettings, exc: Exception) -> bool:
         return isinstance(exc, handles)
     try:
         return bool(handles(exc))
-    except Exception:
-        log.exception(
+    except Exception:  # noqa: BLE001 - logged (emit)
+        emit(
+            log,
+            logging.ERROR,
             "resilient: fallback_on predicate %r of policy %r raised; the "
             "error is raised, not handed to the fallback",
             handles,
             policy.name,
+            exc_info=True,
         )
         return False
 

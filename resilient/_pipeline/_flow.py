@@ -28,6 +28,8 @@ each effect gave; an exception the effect raised is thrown in instead:
 - ``NEXT, step`` (block form only): the attempt is decided and will be
   retried as *step* (a `Retry`) says; the block's ``with`` ends here, the
   loop's next iteration resumes.
+- ``DISCARD, value``: the attempt's result, retried, is a response no one
+  will read: close it (`resilient._pipeline._discard`); send None.
 - ``FALLBACK, (fallback, exc)`` (decorators and `Policy.call` only): the
   call ended with *exc* and the policy's fallback takes over
   (`resilient._pipeline._fallback`); send what it returned (what it
@@ -47,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from resilient._core._decisions import GiveUp, Retry
 from resilient._pipeline._call import observable
+from resilient._pipeline._discard import discards
 from resilient._pipeline._fallback import falls_back
 
 
@@ -66,6 +69,7 @@ SETTLE: Final = 5
 NEXT: Final = 6
 FALLBACK: Final = 7
 PAUSE_RUN: Final = 8
+DISCARD: Final = 9
 
 
 def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
@@ -166,6 +170,8 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
                         value = call.kept(step)
                     call.finish(None)
                     return value
+                if discards(value):
+                    yield DISCARD, value
             else:
                 step = call.failed(error, quiet)
                 if isinstance(step, GiveUp):
@@ -176,7 +182,12 @@ def flow(  # noqa: C901, PLR0912, PLR0915 - every decision, in one place
         if tickets is not None:
             guards.release(tickets)  # type: ignore[union-attr]
         fallback = call.policy.fallback
-        if fallback is None or block or not falls_back(call.policy, exc):
+        if (
+            fallback is None
+            or block
+            or not falls_back(call.policy, exc)
+            or call.callers_deadline(exc)
+        ):
             call.abort(None if isinstance(exc, GeneratorExit) else exc)
             raise
         # The outermost stage: the call's own deadline is spent; the

@@ -40,7 +40,7 @@ import types
 from typing import TYPE_CHECKING, Any, Final
 
 from resilient._core import _clock
-from resilient._pipeline._call import timed_out
+from resilient._pipeline._cut import timed_out
 from resilient._timeout._watchdog import TASK, arm, disarm
 
 
@@ -105,7 +105,7 @@ def suspended(  # noqa: C901 - one frame: the forwarding loop inline
                 failed = exc
                 break
         if disarm(armed, failed):
-            failed = timed_out(at)
+            failed = timed_out(at, failed)
     except BaseException as exc:
         # Closed (GeneratorExit), or an error here (arming, disarming, an
         # asynchronous exception between two steps): the coroutine first,
@@ -138,7 +138,7 @@ async def armed_attempt(
         else:
             failed = None
         if disarm(armed, failed):
-            failed = timed_out(at)
+            failed = timed_out(at, failed)
     except BaseException as exc:  # noqa: BLE001 - the attempt's outcome
         # Arming or disarming failed, or an exception landed here: the
         # deadline undone all the same.

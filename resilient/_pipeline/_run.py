@@ -25,6 +25,7 @@ from resilient._core._telemetry import disabled
 from resilient._pipeline._call import Call
 from resilient._pipeline._drive import UNSET, adrive, drive, wrong_shell
 from resilient._pipeline._flow import flow
+from resilient._pipeline._inloop import _thread_local, refuse_in_loop
 from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
 from resilient._timeout._watchdog import EAGER, trio_base
 
@@ -67,6 +68,8 @@ def call_sync(  # noqa: C901, PLR0912 - the bare first attempt, inline for speed
 ) -> Any:
     """A call through *policy*, sync: the bare first attempt, then the
     flow."""
+    if _thread_local.name is not None or _get_running_loop() is not None:
+        refuse_in_loop(policy, "call")  # On an event loop's thread.
     # The registries were reset: look the parts up again (one int compare
     # per call; the module global, not a call of generation()).
     if guards is not None and guards.generation != _registry._generation:  # noqa: SLF001

@@ -50,6 +50,7 @@ from resilient._core._policy_checks import (
 from resilient._core._shown import shown
 from resilient._core._transient import Transient
 from resilient._core._validate import (
+    field_name,
     non_negative,
     positive_or_none,
     to_exception_classes,
@@ -59,7 +60,7 @@ from resilient._pipeline._guards import Guards
 from resilient._pipeline._run import call_async, call_sync
 from resilient._pipeline._stream import policy_streams
 from resilient._policy._colour import awaiting, refuse_async_hooks
-from resilient.exceptions import ConfigError
+from resilient.exceptions import ConfigError, ConfigTypeError
 
 
 if TYPE_CHECKING:
@@ -85,6 +86,15 @@ RetryOn = (
 
 DEFAULT_RETRY_ON: Final = Transient()
 """The default *retry_on*: `resilient.Transient` with its defaults."""
+
+
+def _check_optional_bool(
+    inst: object, attribute: attrs.Attribute[Any], value: object
+) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ConfigTypeError(
+            field_name(inst, attribute), value, "must be True, False or None"
+        )
 
 
 @final
@@ -121,7 +131,9 @@ class Policy:
             or a single class) or a predicate over the exception (such as
             `Transient`, the default). An attempt cut short by the
             policy's own *timeout* is retried whatever *retry_on* says (the
-            timeout is the policy's decision, not the dependency's error).
+            timeout is the policy's decision, not the dependency's error),
+            unless it cut an HTTP request that may not be repeated (a
+            ``POST`` without an idempotency key in flight in httpx).
         retry_if_result: A predicate over a returned value: retry while it
             returns True. A response-like result (one with an HTTP status)
             to a request that may not be repeated (a ``POST`` without an
@@ -157,6 +169,12 @@ class Policy:
         fallback_on: Which final exceptions the fallback takes over from:
             exception classes or a predicate; by default every `Exception`
             (never a cancellation, `KeyboardInterrupt` or `SystemExit`).
+        wait_for_breaker: Whether a call sits out an open *breaker*: True
+            waits until it admits a probe (within the budget) and tries
+            again; False gives up at once with `CircuitOpen` (to the
+            *fallback*, if any), and a retry never waits for the breaker
+            either; None (the default) waits unless the policy has a
+            *fallback*, which then answers at once.
 
     Applied to a function (``@policy``, `retry`) or a block (`retrying`),
     the stages run in this order, outermost first: fallback (functions
@@ -224,6 +242,9 @@ class Policy:
             validator=check_fallback_on,
         )
     )
+    wait_for_breaker: bool | None = attrs.field(
+        default=None, validator=_check_optional_bool
+    )
     _async_hooks: bool = attrs.field(
         init=False, default=False, repr=False, eq=False
     )
@@ -271,6 +292,13 @@ class Policy:
             "_async_fallback",
             self.fallback is not None and is_async_callable(self.fallback),
         )
+
+    @property
+    def waits_for_breaker(self) -> bool:
+        """Whether a call sits out an open breaker (*wait_for_breaker*,
+        or by default: when there is no fallback)."""
+        wait = self.wait_for_breaker
+        return self.fallback is None if wait is None else wait
 
     @property
     def has_async_hooks(self) -> bool:
@@ -416,6 +444,7 @@ class PolicyChanges(TypedDict, total=False):
     retry_budget: RetryBudgetConfig | None
     fallback: Fallback | None
     fallback_on: RetryOn
+    wait_for_breaker: bool | None
 
 
 def _default(a: attrs.Attribute[Any]) -> object:

@@ -13,6 +13,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Final
 
+from resilient._core._logging import emit
 from resilient._core._transient import Transient
 
 
@@ -30,12 +31,15 @@ def accepts(policy: RetrySettings, exc: Exception) -> bool:
         return isinstance(exc, retry_on)
     try:
         return bool(retry_on(exc))
-    except Exception:
-        log.exception(
+    except Exception:  # noqa: BLE001 - logged (emit)
+        emit(
+            log,
+            logging.ERROR,
             "resilient: retry_on predicate %r of policy %r raised; the "
             "error is not retried",
             retry_on,
             policy.name,
+            exc_info=True,
         )
         return False
 
@@ -70,12 +74,15 @@ def hint(policy: RetrySettings, exc: Exception) -> float | None:
             if math.isnan(seconds):
                 return None
             seconds = max(seconds, 0.0)
-    except Exception:
-        log.exception(
+    except Exception:  # noqa: BLE001 - logged (emit)
+        emit(
+            log,
+            logging.ERROR,
             "resilient: retry_after reader %r of policy %r raised; "
             "no hint used",
             reader,
             policy.name,
+            exc_info=True,
         )
         return None
     return seconds
@@ -83,7 +90,9 @@ def hint(policy: RetrySettings, exc: Exception) -> float | None:
 
 def not_a_delay(policy: RetrySettings, delay: object) -> None:
     """Log a backoff's answer that is not a delay."""
-    log.error(
+    emit(
+        log,
+        logging.ERROR,
         "resilient: backoff %r of policy %r returned %r, which is "
         "not a finite number of seconds >= 0; giving up",
         policy.backoff,
@@ -94,9 +103,11 @@ def not_a_delay(policy: RetrySettings, delay: object) -> None:
 
 def backoff_raised(policy: RetrySettings) -> None:
     """Log a backoff that raised (from its ``except`` block)."""
-    log.error(
+    emit(
+        log,
+        logging.ERROR,
         "resilient: backoff %r of policy %r raised; giving up",
         policy.backoff,
         policy.name,
-        exc_info=True,  # noqa: LOG014 - called from the except block
+        exc_info=True,
     )

@@ -24,6 +24,7 @@ from resilient._core._decisions import (
     Retry,
 )
 from resilient._core._hints import default_retry_after
+from resilient._core._logging import emit
 from resilient._core._transient import http_status
 from resilient._retry._asks import (
     backoff_raised,
@@ -291,12 +292,15 @@ class RetryMachine(MachineRecords):
             return None
         try:
             retry = check(value)
-        except Exception:
-            log.exception(
+        except Exception:  # noqa: BLE001 - logged (emit)
+            emit(
+                log,
+                logging.ERROR,
                 "resilient: retry_if_result predicate %r of policy %r "
                 "raised; the result is accepted",
                 check,
                 self.policy.name,
+                exc_info=True,
             )
             return None
         if not retry:

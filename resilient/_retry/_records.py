@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Final
 
 from resilient._core._decisions import GiveUp, Retry, RetryEvent
 from resilient._core._hints import default_retry_after
+from resilient._core._logging import emit
 from resilient._core._transient import Transient, every_leaf, http_status
 from resilient._retry._asks import accepts, backoff_raised, hint, not_a_delay
 from resilient._retry._notes import WrongShell
@@ -106,12 +107,15 @@ def may_repeat(policy: RetrySettings, response: object) -> bool:
     rule = retry_on if isinstance(retry_on, Transient) else _DEFAULT_RULE
     try:
         return rule.may_repeat(response)
-    except Exception:
-        log.exception(
+    except Exception:  # noqa: BLE001 - logged (emit)
+        emit(
+            log,
+            logging.ERROR,
             "resilient: reading the request of %r (policy %r) raised; "
             "the result is not retried",
             response,
             policy.name,
+            exc_info=True,
         )
         return False
 

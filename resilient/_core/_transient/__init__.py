@@ -19,7 +19,9 @@ Modules:
   (cached per type) and of what it carries (SQLSTATE, HTTP status,
   request, certificate failure), and the leaves of exception groups;
 - `_fields`: the classifiers' attrs converters, validators and reprs;
-- `_classifiers`: `Transient`, `DependencyFailure` and what they share.
+- `_classifiers`: `Transient`, `DependencyFailure` and what they share;
+- `_inflight`: the HTTP request a cancellation cut short, from the client's
+  frames in its traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from resilient._core._transient._classifiers import (
     DependencyFailure,
     Transient,
 )
+from resilient._core._transient._inflight import in_flight_request
 from resilient._core._transient._kinds import every_leaf, http_status, leaves
 from resilient._core._transient._tables import (
     DEFAULT_STATUSES,
@@ -44,5 +47,6 @@ __all__ = [
     "Transient",
     "every_leaf",
     "http_status",
+    "in_flight_request",
     "leaves",
 ]

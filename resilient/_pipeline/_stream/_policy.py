@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Final, final
 import anyio
 
 from resilient._core import _clock, _registry
-from resilient._pipeline._call import Call, timed_out
+from resilient._pipeline._call import Call
+from resilient._pipeline._cut import timed_out
 from resilient._pipeline._effects import aperform, perform
 from resilient._pipeline._effects import throw_into as abandon
 from resilient._pipeline._flow import RUN, SETTLE, flow
@@ -159,12 +160,17 @@ class PolicyStream:
         kwargs: Any,
     ) -> tuple[BaseException | None, Any]:
         """`_first`, cancelled at the attempt's deadline *at*."""
+        cut: BaseException | None = None
         try:
             with call.cancel_scope(at) as scope:
-                inner = fn(*args, **kwargs)
-                item = await inner.__anext__()
+                try:
+                    inner = fn(*args, **kwargs)
+                    item = await inner.__anext__()
+                except BaseException as exc:
+                    cut = exc  # What the deadline cut, if it did.
+                    raise
             if scope.cancelled_caught:
-                raise timed_out(at)  # noqa: TRY301
+                raise timed_out(at, cut)  # noqa: TRY301
         except StopAsyncIteration:
             return None, (None, None)
         except BaseException as exc:  # noqa: BLE001 - the flow decides
@@ -174,12 +180,14 @@ class PolicyStream:
 
     def _started(self, call: Call) -> None:
         """The first item came: the attempt's span ends now, the call's
-        span is the stream's from here on (the flow no longer ends it)."""
+        span is the stream's from here on (the flow no longer ends it),
+        current in each step (`step`), never between them: the consumer's
+        own span is current in its code."""
         self._live = True
         rec = self._rec = call._rec  # noqa: SLF001
         call._rec = None  # noqa: SLF001
         if rec is not None:
-            rec.attempt_ended(None)
+            rec.attempt_ended(None, resume=False)
 
     def _hold(self, arg: tuple[list[object], Any, bool]) -> bool:
         """Keep the tickets of the attempt that gave the first item."""
@@ -201,7 +209,32 @@ class PolicyStream:
         return at
 
     def step(self, method: Callable[..., Any], *args: Any) -> Any:
-        """One step of the inner generator after its first item."""
+        """One step of the inner generator after its first item, under the
+        call's span."""
+        rec = self._rec
+        if rec is None:
+            return self._step(method, *args)
+        rec.enter()
+        try:
+            return self._step(method, *args)
+        finally:
+            rec.exit()
+
+    async def astep(
+        self, method: Callable[..., Awaitable[Any]], *args: Any
+    ) -> Any:
+        """`step`, in async code."""
+        rec = self._rec
+        if rec is None:
+            return await self._astep(method, *args)
+        rec.enter()
+        try:
+            return await self._astep(method, *args)
+        finally:
+            rec.exit()
+
+    def _step(self, method: Callable[..., Any], *args: Any) -> Any:
+        """One step, under the item's deadline."""
         at = self._deadline()
         if at is None:
             return method(*args)
@@ -211,10 +244,10 @@ class PolicyStream:
         finally:
             _DEADLINE.reset(token)
 
-    async def astep(
+    async def _astep(
         self, method: Callable[..., Awaitable[Any]], *args: Any
     ) -> Any:
-        """`step`, cancelled at the item's deadline or the enclosing one
+        """`_step`, cancelled at the item's deadline or the enclosing one
         (as an attempt is)."""
         own = self._deadline()
         at = _DEADLINE.get() if own is None else own
