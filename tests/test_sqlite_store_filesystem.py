@@ -62,6 +62,8 @@ CONTENDER = """
         lease = lock.acquire()
     except resilient.LockNotAcquired as exc:
         print("refused", exc.reason)
+    except resilient.LockBackendError as exc:
+        print("refused", exc.reason)
     else:
         print("got")
         lease.release()
@@ -89,35 +91,72 @@ def remove_lock_dir(tmp_path: Path) -> None:
     shutil.rmtree(lock_dir(tmp_path))
 
 
+def link_as_lock_file(tmp_path: Path) -> None:
+    """The lock file replaced by a link to a file outside (planted)."""
+    remove_lock_file(tmp_path)
+    outside = tmp_path / "outside-victim"
+    outside.write_bytes(b"precious")
+    (lock_dir(tmp_path) / f"{LockKey.of('job').hex}.lock").symlink_to(outside)
+
+
 def remove_database(tmp_path: Path) -> None:
     for suffix in ("", "-wal", "-shm"):
         (tmp_path / f"{DB}{suffix}").unlink()
 
 
 @pytest.mark.parametrize(
-    "remove", [remove_lock_file, remove_lock_dir, remove_database]
+    "remove",
+    [remove_lock_file, remove_lock_dir, remove_database, link_as_lock_file],
 )
 def test_a_removed_file_never_gives_two_holders(
     tmp_path: Path, url: str, remove: object
 ) -> None:
-    """While a lease is held (TTL 1.5 s, renewed every 0.5 s), removing its
-    lock file, the lock directory or the database (with -wal and -shm) lets
-    no other process take the lock (a fresh file proves nothing: takeover
-    only on the inode the holder recorded, and a missing row whose flock
-    is held counts as a lease), and the holder's renewal notices its file
-    is gone and loses the lease (`LockLost`) within one renewal interval."""
-    lock = resilient.lock("job", backend=url, ttl=1.5)
-    lease = lock.acquire()
+    """While a lease is held (TTL 2 s, renewed every 0.67 s), removing its
+    lock file, the lock directory or the database (with -wal and -shm), or
+    planting a link as its lock file, lets no other process take the lock
+    (a fresh file proves nothing: takeover only on the inode the holder
+    recorded, and a missing row whose flock is held counts as a lease),
+    and the holder's renewal notices its file is gone and loses the lease
+    (`LockLost`) within one renewal interval."""
+    contender = ready(CONTENDER, url)  # Started (and imported) already.
+    lease = resilient.lock("job", backend=url, ttl=2.0).acquire()
     try:
         remove(tmp_path)  # type: ignore[operator]
-        assert run(CONTENDER, url).startswith("refused"), "two holders"
-        wait_lost(lease, within=0.5 + 0.5)
-        assert lease.lost
+        # The lease is valid for at least 1.33 s more; the contender tries
+        # for 0.6 s from now.
+        out, err = contender.communicate("go\n", timeout=20)
+        assert out.startswith("refused"), ("two holders", out, err)
+        wait_lost(lease, within=2.0 / 3 + 0.5)
     finally:
         lease.release()
+    victim = tmp_path / "outside-victim"
+    assert not victim.exists() or victim.read_bytes() == b"precious"
+    if remove is link_as_lock_file:
+        return
     # Once the lost lease's TTL is over, the lock is anyone's again.
-    time.sleep(1.5)
+    time.sleep(2.0)
     assert run(CONTENDER, url) == "got"
+
+
+def ready(code: str, url: str) -> subprocess.Popen[str]:
+    """*code* in a fresh Python, started once it reads a line on stdin."""
+    child = subprocess.Popen(  # noqa: S603
+        [
+            sys.executable,
+            "-c",
+            "import sys, resilient, resilient._backends._sqlite\n"
+            "print('ready', flush=True)\n"
+            "sys.stdin.readline()\n" + textwrap.dedent(code),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "URL": url},
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    return child
 
 
 def test_a_lease_held_by_another_process_survives_a_fresh_lock_file(
@@ -255,6 +294,10 @@ def test_a_directory_others_can_write_is_refused(
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(mode)
+    if mode & 0o020:  # A group with other members (nogroup).
+        if os.geteuid() != 0:
+            pytest.skip("chgrp to a group of others needs root")
+        os.chown(shared, -1, 65534)
     url = f"sqlite:///{shared / DB}"
     with pytest.raises(LockBackendError) as info:
         resilient.lock("job", backend=url, timeout=5).acquire()
@@ -262,6 +305,25 @@ def test_a_directory_others_can_write_is_refused(
     assert "not sticky" in str(info.value)
     shared.chmod(mode | 0o1000)
     resilient.lock("job", backend=url).acquire().release()
+
+
+def test_a_directory_of_a_private_group_is_accepted(tmp_path: Path) -> None:
+    """Group-writable by the user's own private group (``umask 002``, the
+    group named after the user with no other member): accepted."""
+    import grp
+    import pwd
+
+    user = pwd.getpwuid(os.geteuid())
+    group = grp.getgrgid(user.pw_gid)
+    if group.gr_name != user.pw_name or set(group.gr_mem) - {user.pw_name}:
+        pytest.skip("this user has no private group")
+    shared = tmp_path / "private-group"
+    shared.mkdir()
+    os.chown(shared, -1, user.pw_gid)
+    shared.chmod(0o770)
+    resilient.lock(
+        "job", backend=f"sqlite:///{shared / DB}"
+    ).acquire().release()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")

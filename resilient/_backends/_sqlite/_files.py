@@ -151,14 +151,9 @@ class LockFiles:
 
     def after_fork(self) -> None:
         """A forked child owns none of the parent's flocks."""
-        # Closing our copies of the descriptors keeps the parent's flocks
-        # (a flock lives while any descriptor of it is open); the at-fork
-        # hook closed them already (`close_inherited`).
-        fds = [held[0] for held in self.held.values()]
-        fds += [cached[0] for cached in self.fds.values()]
-        fds += [s.fd[0] for s in self.names.values() if s.fd is not None]
-        for fd in fds:
-            _close(fd)
+        # The at-fork hook closed our copies of the descriptors already
+        # (`close_inherited`: closing them again could close a descriptor
+        # the child has opened since under the same number).
         self.held.clear()
         self.fds.clear()
         self.names.clear()

@@ -5,8 +5,9 @@ The embedded store's files, opened safely, and its errors, named.
 lock directory ``<db>.locks`` must be regular files (a directory) owned by
 this process's effective uid, and no one else may be able to replace them:
 the directory that holds the database is owned by us or by root and is not
-writable by group or others unless it is sticky (``/tmp``); the lock
-directory is ours and likewise. A symbolic link is never followed: every
+writable by group or others unless it is sticky (``/tmp``) or the group is
+our private group (named after us, no other member: ``umask 002``); the
+lock directory is ours and likewise. A symbolic link is never followed: every
 file is opened with ``O_NOFOLLOW``, the lock files relative to the lock
 directory's descriptor (the ``*at`` calls), so a link or a file planted by
 another user is refused with an error naming it, and nothing outside the
@@ -129,14 +130,37 @@ def check_parent(path: str) -> None:
     _check_mode(path, st)
 
 
+def _private_group(gid: int) -> bool:
+    """
+    Whether *gid* is this user's own group (named after the user, no
+    other member), as with a ``umask`` of 002 and user private groups.
+    """
+    import grp  # noqa: PLC0415
+    import pwd  # noqa: PLC0415
+
+    try:
+        user = pwd.getpwuid(os.geteuid())
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return (
+        user.pw_gid == gid
+        and group.gr_name == user.pw_name
+        and set(group.gr_mem) <= {user.pw_name}
+    )
+
+
 def _check_mode(path: str, st: os.stat_result) -> None:
     mode = st.st_mode
-    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not mode & stat.S_ISVTX:
-        raise Unsafe(
-            f"{path}: writable by group or others and not sticky "
-            f"(mode {stat.S_IMODE(mode):o}): others could replace the "
-            "store's files (chmod go-w, or +t)"
-        )
+    if mode & stat.S_ISVTX or not mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return
+    if not mode & stat.S_IWOTH and _private_group(st.st_gid):
+        return
+    raise Unsafe(
+        f"{path}: writable by group or others and not sticky "
+        f"(mode {stat.S_IMODE(mode):o}): others could replace the "
+        "store's files (chmod go-w, or +t)"
+    )
 
 
 def open_dir(path: str) -> int:

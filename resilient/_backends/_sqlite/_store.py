@@ -147,7 +147,9 @@ class SqliteBackend:
         ids = same_files(str(self.path))
         if ids == self._ids:
             return False
-        self._conn = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()  # A statement of another thread retries.
         return True
 
     def acquire(
