@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -423,6 +424,42 @@ def test_a_store_without_access_raises_at_once_naming_it(
         )
         assert done.stdout.startswith("0 EACCES "), (done.stdout, done.stderr)
         assert where in done.stdout
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Iterator[Path]:
+    """A read-only filesystem (a tmpfs mounted ``ro``), like a container's
+    read-only HOME."""
+    where = tmp_path / "ro"
+    where.mkdir()
+    mounted = subprocess.run(  # noqa: S603
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(where)],  # noqa: S607
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a read-only tmpfs: {mounted.stderr!r}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)  # noqa: S603, S607
+
+
+@pytest.mark.parametrize("under", ["", "home/.cache/resilient/locks/"])
+def test_a_store_on_a_read_only_filesystem_raises_at_once(
+    read_only: Path, driver: Driver, under: str
+) -> None:
+    """A store on a read-only filesystem (the file itself, or directories
+    still to make): `LockBackendError` ``EROFS`` at once, naming the path,
+    not retried for the whole wait."""
+    url = f"sqlite:///{read_only}/{under}{DB}"
+    lock = resilient.lock("job", backend=url, timeout=5)
+    start = time.monotonic()
+    with pytest.raises(LockBackendError) as info:
+        driver.call(lock, lambda: None)
+    assert time.monotonic() - start < 2.0
+    assert info.value.reason == "EROFS"
+    assert str(read_only) in str(info.value)
 
 
 # -- forks and boots ---------------------------------------------------------
