@@ -105,9 +105,24 @@ def remove_database(tmp_path: Path) -> None:
         (tmp_path / f"{DB}{suffix}").unlink()
 
 
+def link_as_database(tmp_path: Path) -> None:
+    """The database, -wal and -shm replaced by links to a file outside."""
+    remove_database(tmp_path)
+    outside = tmp_path / "outside-victim"
+    outside.write_bytes(b"precious")
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"{DB}{suffix}").symlink_to(outside)
+
+
 @pytest.mark.parametrize(
     "remove",
-    [remove_lock_file, remove_lock_dir, remove_database, link_as_lock_file],
+    [
+        remove_lock_file,
+        remove_lock_dir,
+        remove_database,
+        link_as_lock_file,
+        link_as_database,
+    ],
 )
 def test_a_removed_file_never_gives_two_holders(
     tmp_path: Path, url: str, remove: object
@@ -132,7 +147,7 @@ def test_a_removed_file_never_gives_two_holders(
         lease.release()
     victim = tmp_path / "outside-victim"
     assert not victim.exists() or victim.read_bytes() == b"precious"
-    if remove is link_as_lock_file:
+    if remove in {link_as_lock_file, link_as_database}:
         return
     # Once the lost lease's TTL is over, the lock is anyone's again.
     time.sleep(2.0)

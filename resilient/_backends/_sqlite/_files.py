@@ -104,6 +104,7 @@ class LockFiles:
         self.dfd = -1
         """The lock directory's descriptor (`open`): every file is opened
         relative to it, never following a link (`._safe`)."""
+        self._dir_lock = threading.Lock()
         self.lock = threading.Lock()
         """Guards this object's maps (the store's statements use it too)."""
         self.names: dict[bytes, _Name] = {}
@@ -117,17 +118,18 @@ class LockFiles:
         """The lock file of *key* (for messages and tests)."""
         return f"{self._prefix}{key.hex}.lock"
 
-    def open(self) -> None:
+    def open(self, failed: int = -1) -> None:
         """
-        Open the lock directory (again: it was removed), making it if need
-        be; refused if it is a link, another user's, or writable by others
-        and not sticky.
+        Open the lock directory, making it if need be (again, if *failed*,
+        the descriptor in use, was found removed); refused if it is a link,
+        another user's, or writable by others and not sticky. A descriptor
+        replaced is kept open, not closed: another thread may be using it
+        (one descriptor per removal of the directory).
         """
-        fd = open_dir(self.dir)
-        old, self.dfd = self.dfd, fd
-        if old >= 0:
-            with contextlib.suppress(OSError):
-                os.close(old)
+        with self._dir_lock:
+            if self.dfd != failed:
+                return  # Opened already, or by another thread meanwhile.
+            self.dfd = open_dir(self.dir)
 
     def inode(self, name: str) -> int | None:
         """The inode of *name* in the lock directory, or None if none."""
@@ -158,6 +160,7 @@ class LockFiles:
         self.fds.clear()
         self.names.clear()
         self.lock = threading.Lock()
+        self._dir_lock = threading.Lock()
 
     # -- taking and letting go -------------------------------------------
 
@@ -173,14 +176,15 @@ class LockFiles:
             fd = -1
             try:
                 try:
+                    dfd = self.dfd
                     fd, st = open_file(
-                        name, dir_fd=self.dfd, shown=f"{self._prefix}{name}"
+                        name, dir_fd=dfd, shown=f"{self._prefix}{name}"
                     )
                 except FileNotFoundError:
                     if reopened:
                         raise
                     reopened = True  # The directory was removed.
-                    self.open()
+                    self.open(dfd)
                     continue
                 OPEN.add(fd)
                 fcntl.flock(
