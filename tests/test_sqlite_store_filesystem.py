@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 import resilient
@@ -152,6 +153,39 @@ def test_a_removed_file_never_gives_two_holders(
     # Once the lost lease's TTL is over, the lock is anyone's again.
     time.sleep(2.0)
     assert run(CONTENDER, url) == "got"
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+@pytest.mark.parametrize("remove", [remove_lock_file, remove_database])
+def test_an_async_holder_is_told_its_file_is_gone(
+    tmp_path: Path, url: str, remove: object, loop: str
+) -> None:
+    """The same on an event loop: the async holder's renewal (every
+    0.67 s) loses the lease once its lock file or database is gone, and a
+    newcomer in another process is refused meanwhile."""
+    contender = ready(CONTENDER, url)
+
+    async def main() -> tuple[float, str, str]:
+        lease = await resilient.lock("job", backend=url, ttl=2.0).aacquire()
+        try:
+            remove(tmp_path)  # type: ignore[operator]
+            start = time.monotonic()
+            while not lease.lost:
+                assert time.monotonic() - start < 2.0 / 3 + 0.5
+                await anyio.sleep(0.02)
+            took = time.monotonic() - start
+            # The lost lease's TTL is not over yet (2 s from its last
+            # renewal): the newcomer is refused.
+            out, err = await anyio.to_thread.run_sync(
+                lambda: contender.communicate("go\n", timeout=20)
+            )
+            return took, out, err
+        finally:
+            await lease.arelease()
+
+    took, out, err = anyio.run(main, backend=loop)
+    assert took < 2.0 / 3 + 0.5
+    assert out.startswith("refused"), ("two holders", out, err)
 
 
 def ready(code: str, url: str) -> subprocess.Popen[str]:
