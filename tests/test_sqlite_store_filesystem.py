@@ -14,15 +14,17 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 import resilient
-from resilient._backends import LockKey
+from resilient._backends import Grant, LockKey, OwnerToken, open_backend
 from resilient._backends._sqlite import _schema
 from resilient.exceptions import LockBackendError
 from tests.conftest import Driver
@@ -318,6 +320,37 @@ def test_a_planted_link_as_a_wake_fifo_is_never_written(
     lease.release()
     assert waiter.wait(15) == 0
     assert untouched(victim)
+
+
+def test_a_link_planted_while_a_caller_waits_is_refused_at_once(
+    tmp_path: Path, url: str, victim: Path
+) -> None:
+    """A caller waiting (up to 10 s) for a held lock whose lock file is
+    replaced by a link meanwhile gets `LockBackendError` naming the link
+    at once, not a raw `OSError` from its wake-up nor a wait to the end."""
+    backend: Any = open_backend(url)
+    assert isinstance(
+        backend.acquire(LockKey.of("job"), OwnerToken(), 30.0), Grant
+    )
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            resilient.lock("job", backend=url, timeout=10).acquire()
+        except BaseException as exc:
+            errors.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    link_as_lock_file(tmp_path)
+    waiter.join(10)
+    assert time.monotonic() - start < 1.0
+    assert len(errors) == 1
+    assert isinstance(errors[0], LockBackendError), repr(errors[0])
+    assert f"{LockKey.of('job').hex}.lock" in str(errors[0])
+    assert (tmp_path / "outside-victim").read_bytes() == b"precious"
 
 
 @pytest.mark.parametrize("suffix", ["", "-wal", "-shm"])

@@ -366,13 +366,17 @@ class LockFiles:
         """
         Whether *key*'s flock is free now (taken and let go at once, with
         a poke if *poke*); not when this process keeps it for an async
-        waiter, who takes it next.
+        waiter, who takes it next. An error (the lock directory went, a
+        link planted) says "look now": the waiter's next acquire raises it.
         """
         with self.lock:
             state = self.names.get(key.digest)
             if state is not None and state.fd is not None:
                 return False
-        flock = self.take(key)
+        try:
+            flock = self.take(key)
+        except OSError:
+            return True
         if flock is None:
             return False
         self.unlock(key.digest, flock[0], poke=poke)
