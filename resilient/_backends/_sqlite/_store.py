@@ -113,27 +113,11 @@ class SqliteBackend:
             isolation_level=None,
             check_same_thread=False,
         )
-        # Only a new, empty file takes the page size (before WAL mode).
-        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA mmap_size={MMAP_SIZE}")
-        conn.execute(
-            f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}"
-        )
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in SCHEMA:
-                conn.execute(statement)
+            self._ids = _prepare(conn, db, durable=self.durable)
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.close()  # Not left to the collector (a ResourceWarning).
             raise
-        conn.execute("COMMIT")
-        # The files SQLite uses now (it may have made the -wal and -shm
-        # again): a holder's renewal checks they are still the paths'.
-        self._ids = same_files(db)
-        if self._ids is None:
-            conn.close()
-            raise Unsafe(f"{db}: the store's files changed while opening")
         self._conn = conn
         self._pid = os.getpid()
         return conn
@@ -347,6 +331,33 @@ class SqliteBackend:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+
+
+def _prepare(
+    conn: sqlite3.Connection, db: str, *, durable: bool
+) -> tuple[tuple[int, int], ...]:
+    """
+    Set a new connection up (pragmas, schema); the (device, inode) of the
+    database, -wal and -shm SQLite uses now (it may have made the -wal and
+    -shm again), which a holder's renewal checks are still the paths'.
+    """
+    # Only a new, empty file takes the page size (before WAL mode).
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA mmap_size={MMAP_SIZE}")
+    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in SCHEMA:
+            conn.execute(statement)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    ids = same_files(db)
+    if ids is None:
+        raise Unsafe(f"{db}: the store's files changed while opening")
+    return ids
 
 
 @final
