@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -910,19 +911,19 @@ class TestConfig:
         self, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
     ) -> None:
         """Without a backend a lock uses ``$RESILIENT_LOCK_URL``, else the
-        SQLite file in the per-user lock directory."""
+        SQLite file in the uid's ``~/.cache/resilient/locks`` (its home from
+        the user database: no environment variable moves it)."""
+        import pwd
+
         from resilient._lock import _config
 
         monkeypatch.delenv(_config.ENV_URL, raising=False)
+        home = pwd.getpwuid(os.geteuid()).pw_dir
+        want = f"sqlite:///{home}/.cache/resilient/locks/locks.sqlite3"
         monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
-        assert resilient.lock("job").url == (
-            f"sqlite:///{tmp_path / 'resilient' / 'locks.sqlite3'}"
-        )
-        monkeypatch.delenv("XDG_RUNTIME_DIR")
         monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-        assert resilient.lock("job").url.endswith(
-            "/cache/resilient/locks/locks.sqlite3"
-        )
+        monkeypatch.setenv("HOME", str(tmp_path))
+        assert resilient.lock("job").url == want
         monkeypatch.setenv(_config.ENV_URL, "memory://env")
         assert resilient.lock("job").url == "memory://env"
 

@@ -11,8 +11,9 @@ from resilient._errors._rejections import Rejected
 
 class LockBackendError(ResilientError):
     """
-    A lock's store (Redis, PostgreSQL) answered a request with an error, or
-    could not be reached in time: the outcome of the request is unknown.
+    A lock's store (Redis, PostgreSQL, the embedded SQLite file) answered a
+    request with an error, or could not be reached in time: the outcome of
+    the request is unknown.
 
     A lock never reads it as acquired, renewed or released: a failed
     acquire is tried again within the wait's deadline when `retryable`, a
@@ -27,12 +28,16 @@ class LockBackendError(ResilientError):
     Attributes:
         scheme: The URL scheme of the store, like ``"redis"``.
         where: The store's host and port from its URL, like
-            ``"10.0.0.5:6379"`` (no user name or password), or `None`.
+            ``"10.0.0.5:6379"`` (no user name or password), the database's
+            path for ``sqlite://``, or `None`.
         reason: A short code: the store's error code (``"OOM"``,
             ``"READONLY"``, ``"LOADING"``, ``"BUSY"``, ``"WRONGTYPE"``,
             ``"NOAUTH"``, ``"NOPERM"``; a PostgreSQL SQLSTATE such as
-            ``"42501"``), or ``"connection"`` (the connection failed or was
-            lost) or ``"timeout"`` (no reply within the call's time limit).
+            ``"42501"``; for ``sqlite://`` an errno name such as
+            ``"EACCES"``, SQLite's code, or ``"unsafe"`` for a link or a
+            file or directory of another user it refuses), or
+            ``"connection"`` (the connection failed or was lost) or
+            ``"timeout"`` (no reply within the call's time limit).
         retryable: False when trying again cannot help (a key of another
             type, a refused login or permission: a configuration error).
 

@@ -10,6 +10,8 @@ and compensating differ between them.
 
 from __future__ import annotations
 
+import logging
+import math
 import random
 from typing import TYPE_CHECKING, Final, final
 
@@ -39,6 +41,12 @@ if TYPE_CHECKING:
 
 _RNG: Final = random.Random()
 
+log: Final = logging.getLogger("resilient")
+
+#: Seconds between two log records of a store that keeps failing while a
+#: caller waits (the first failure is logged at once).
+FAILING_LOG_EVERY: Final = 5.0
+
 
 @final
 class Attempt:
@@ -59,6 +67,7 @@ class Attempt:
         "holder",
         "library",
         "lock",
+        "logged",
         "owner",
         "renewer",
         "sent_any",
@@ -92,6 +101,8 @@ class Attempt:
         self.busy: Busy | None = None
         self.error: BaseException | None = None
         self.sent_any = False
+        self.logged = -math.inf
+        """When a failing store was last logged (`failed`)."""
         self.stop: Callable[[], None] | None = None
         """Stops the backend's wake-up watch, once one was started."""
 
@@ -153,7 +164,22 @@ class Attempt:
         if isinstance(exc, LockBackendError) and not exc.retryable:
             raise exc
         self.error = exc
-        return self.acq.failed(self.clock.now())
+        now = self.clock.now()
+        if now >= self.logged + FAILING_LOG_EVERY:
+            # Never silent, never a flood: once, then every few seconds.
+            self.logged = now
+            log.warning(
+                "lock %r: the %s store failed (%s), still trying (waited "
+                "%.1f s)",
+                self.lock.key.shown,
+                self.backend.scheme,
+                # A backend error's text hides secrets; others: the type.
+                exc
+                if isinstance(exc, LockBackendError)
+                else type(exc).__name__,
+                now - self.start,
+            )
+        return self.acq.failed(now)
 
     def refused(self, step: GiveUp) -> LockNotAcquired:
         """The error to raise when the wait gives up."""

@@ -36,17 +36,33 @@ MAX_TTL: Final = 2.0**52 / 1000
 
 def default_lock_dir() -> Path:
     """
-    Where the embedded default keeps its database and lock files.
+    Where the embedded default keeps its database and lock files:
+    ``~/.cache/resilient/locks`` of this process's effective uid, its home
+    read from the user database (``pwd``), not from the environment.
 
-    ``$XDG_RUNTIME_DIR/resilient`` when that exists (a per-user tmpfs on
-    most Linux desktops and servers, cleared at logout and reboot), else
-    ``$XDG_CACHE_HOME/resilient/locks`` (``~/.cache/resilient/locks``).
+    One store per user whatever the environment: a cron job (no
+    ``XDG_RUNTIME_DIR``, maybe no ``XDG_CACHE_HOME``), an ssh session
+    (with them) and ``sudo`` (which may keep the caller's ``HOME``) of the
+    same uid must exclude each other, so no environment variable chooses
+    the directory. Not ``/run/user/$UID`` (removed at logout, under a
+    holder) and not ``/tmp`` (cleaners remove old files there). ``$HOME``
+    only for a uid the user database does not know (a container).
     """
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and Path(runtime).is_dir():
-        return Path(runtime) / "resilient"
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "resilient" / "locks"
+    import pwd  # noqa: PLC0415 - POSIX only, like the store itself
+
+    uid = os.geteuid()
+    try:
+        home = pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        home = os.environ.get("HOME", "")
+    if not home or not home.startswith("/"):
+        raise ConfigError(
+            "LockConfig.backend",
+            None,
+            f"has no default: uid {uid} has no home directory; set "
+            f"${ENV_URL} or pass backend=",
+        )
+    return Path(home) / ".cache" / "resilient" / "locks"
 
 
 def default_backend_url() -> str:

@@ -34,10 +34,17 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Final, final
 
+from resilient._backends._sqlite._safe import (
+    NOFOLLOW,
+    check_file,
+    open_dir,
+    open_file,
+)
 from resilient._backends._sqlite._waiter import Waiter
 
 
@@ -57,13 +64,21 @@ FD_CACHE: int = 64
 
 _HELD: Final = frozenset({errno.EWOULDBLOCK, errno.EAGAIN})
 
+#: Every lock-file descriptor of this process (forked children close them:
+#: a child's copy would keep a dead parent's flock).
+OPEN: Final[set[int]] = set()
 
-def inode(path: str) -> int | None:
-    """The inode of *path*, or None if there is no such file."""
-    try:
-        return os.stat(path).st_ino  # noqa: PTH116
-    except FileNotFoundError:
-        return None
+
+def _close(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    OPEN.discard(fd)
+
+
+def close_inherited() -> None:
+    """In a forked child: close every lock-file descriptor of the parent."""
+    for fd in list(OPEN):
+        _close(fd)
 
 
 @final
@@ -86,6 +101,10 @@ class LockFiles:
     def __init__(self, directory: str) -> None:
         self.dir = directory
         self._prefix = f"{directory}/"
+        self.dfd = -1
+        """The lock directory's descriptor (`open`): every file is opened
+        relative to it, never following a link (`._safe`)."""
+        self._dir_lock = threading.Lock()
         self.lock = threading.Lock()
         """Guards this object's maps (the store's statements use it too)."""
         self.names: dict[bytes, _Name] = {}
@@ -96,59 +115,100 @@ class LockFiles:
         self.contested: dict[bytes, int] = {}
 
     def path(self, key: LockKey) -> str:
-        """The lock file of *key*."""
+        """The lock file of *key* (for messages and tests)."""
         return f"{self._prefix}{key.hex}.lock"
+
+    def open(self, failed: int = -1) -> None:
+        """
+        Open the lock directory, making it if need be (again, if *failed*,
+        the descriptor in use, was found removed); refused if it is a link,
+        another user's, or writable by others and not sticky. A descriptor
+        replaced is kept open, not closed: another thread may be using it
+        (one descriptor per removal of the directory).
+        """
+        with self._dir_lock:
+            if self.dfd != failed:
+                return  # Opened already, or by another thread meanwhile.
+            self.dfd = open_dir(self.dir)
+
+    def inode(self, name: str) -> int | None:
+        """The inode of *name* in the lock directory, or None if none."""
+        try:
+            return os.stat(name, dir_fd=self.dfd, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            return None
+
+    def still_held(self, secret: bytes) -> bool:
+        """
+        Whether the lock file of the flock held for *secret* is still its
+        name's (not unlinked, its directory not removed); True if none.
+        """
+        held = self.held.get(secret)
+        if held is None:
+            return True
+        try:
+            return self.inode(f"{held[2].hex()}.lock") == held[1]
+        except OSError:
+            return False
 
     def after_fork(self) -> None:
         """A forked child owns none of the parent's flocks."""
-        # Closing our copies of the descriptors keeps the parent's flocks
-        # (a flock lives while any descriptor of it is open).
-        fds = [held[0] for held in self.held.values()]
-        fds += [cached[0] for cached in self.fds.values()]
-        for fd in fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        # The at-fork hook closed our copies of the descriptors already
+        # (`close_inherited`: closing them again could close a descriptor
+        # the child has opened since under the same number).
         self.held.clear()
         self.fds.clear()
         self.names.clear()
         self.lock = threading.Lock()
+        self._dir_lock = threading.Lock()
 
     # -- taking and letting go -------------------------------------------
 
-    def open_locked(self, path: str, *, block: bool) -> tuple[int, int] | None:
+    def open_locked(self, name: str, *, block: bool) -> tuple[int, int] | None:
         """
-        Open *path* and flock it (waiting if *block*): the descriptor and
-        its inode, or None if it is held. The inode is checked after the
-        flock, so a file unlinked meanwhile is never the one held.
+        Open the lock file *name* and flock it (waiting if *block*): the
+        descriptor and its inode, or None if it is held. The inode is
+        checked after the flock, so a file unlinked meanwhile is never the
+        one held. A removed lock directory is made again.
         """
+        reopened = False
         while True:
             fd = -1
             try:
-                fd = os.open(
-                    path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-                )
+                try:
+                    dfd = self.dfd
+                    fd, st = open_file(
+                        name, dir_fd=dfd, shown=f"{self._prefix}{name}"
+                    )
+                except FileNotFoundError:
+                    if reopened:
+                        raise
+                    reopened = True  # The directory was removed.
+                    self.open(dfd)
+                    continue
+                OPEN.add(fd)
                 fcntl.flock(
                     fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB)
                 )
-                ino = os.fstat(fd).st_ino
-                if inode(path) == ino:
-                    return fd, ino
+                if self.inode(name) == st.st_ino:
+                    return fd, st.st_ino
             except OSError as exc:
                 if fd >= 0:
-                    os.close(fd)
+                    _close(fd)
                 if exc.errno in _HELD:
                     return None
                 raise
             except BaseException:
                 if fd >= 0:
-                    os.close(fd)
+                    _close(fd)
                 raise
-            os.close(fd)  # Unlinked under us: take the new file.
+            _close(fd)  # Unlinked under us: take the new file.
 
     def take(self, key: LockKey) -> tuple[int, int] | None:
         """
         A flock of *key*'s file: one a waker got for us, a cached
         descriptor locked again, or a newly opened one; None if held.
+        Errors (no access to the lock directory, a link) are raised.
         """
         with self.lock:
             state = self.names.get(key.digest)
@@ -156,26 +216,23 @@ class LockFiles:
                 taken, state.fd = state.fd, None
                 return taken
             cached = self.fds.pop(key.digest, None)
-        path = self.path(key)
-        try:
-            if cached is not None:
-                fd, ino = cached
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno not in _HELD:
-                        raise  # pragma: no cover - flock on a valid fd
-                    self.cache(key.digest, fd, ino)
-                    return None
-                except BaseException:
-                    os.close(fd)
-                    raise
-                if inode(path) == ino:
-                    return fd, ino
-                os.close(fd)  # Unlinked since: the path is a new file.
-            return self.open_locked(path, block=False)
-        except OSError:
-            return None  # No lock directory access: rows still work.
+        name = f"{key.hex}.lock"
+        if cached is not None:
+            fd, ino = cached
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                if exc.errno not in _HELD:
+                    raise  # pragma: no cover - flock on a valid fd
+                self.cache(key.digest, fd, ino)
+                return None
+            except BaseException:
+                _close(fd)
+                raise
+            if self.inode(name) == ino:
+                return fd, ino
+            _close(fd)  # Unlinked since: the path is a new file.
+        return self.open_locked(name, block=False)
 
     def unlock(self, digest: bytes, fd: int, *, poke: bool = True) -> None:
         """
@@ -201,14 +258,16 @@ class LockFiles:
         """
         try:
             out = os.open(
-                f"{self._prefix}{digest.hex()}.wake",
-                os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC,
+                f"{digest.hex()}.wake",
+                os.O_WRONLY | os.O_NONBLOCK | NOFOLLOW,
+                dir_fd=self.dfd,
             )
         except OSError:  # No FIFO, or no reader: nobody listens.
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
             return
         try:
+            check_file(f"{digest.hex()}.wake", out, stat.S_IFIFO)
             os.write(out, b"\0")
         except OSError:  # pragma: no cover - full: they will wake anyway
             pass
@@ -238,27 +297,30 @@ class LockFiles:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            os.close(fd)  # Held by someone: the file is theirs to keep.
+            _close(fd)  # Held by someone: the file is theirs to keep.
             return
         try:
-            stem = f"{self._prefix}{digest.hex()}"
-            if inode(f"{stem}.lock") == ino:
+            stem = digest.hex()
+            if self.inode(f"{stem}.lock") == ino:
                 with contextlib.suppress(OSError):
-                    os.unlink(f"{stem}.lock")  # noqa: PTH108
-                _unlink_unused_fifo(f"{stem}.wake")
+                    os.unlink(f"{stem}.lock", dir_fd=self.dfd)
+                _unlink_unused_fifo(f"{stem}.wake", self.dfd)
+        except OSError:
+            pass  # The directory went: nothing to tidy.
         finally:
-            os.close(fd)  # Closing drops the flock.
+            _close(fd)  # Closing drops the flock.
 
-    def patient(self, key: LockKey, now: int) -> bool:
+    def patient(self, key: LockKey, now: int, wait: int = CONTESTED_NS) -> int:
         """
-        Whether this process has found *key* free but flocked by someone
-        else for `CONTESTED_NS` already (the caller holds `lock`).
+        How long this process must still wait (ns; 0: no longer) for *key*,
+        found free but flocked by someone else, after *wait* ns since it
+        first found it so (the caller holds `lock`).
         """
         contested = self.contested
         if len(contested) > 4096:
             contested.clear()
         first = contested.setdefault(key.digest, now)
-        return now - first >= CONTESTED_NS
+        return max(first + wait - now, 0)
 
     def park(self, key: LockKey, flock: tuple[int, int]) -> None:
         """Keep a flock for this process's async waiters, or let it go."""
@@ -304,13 +366,17 @@ class LockFiles:
         """
         Whether *key*'s flock is free now (taken and let go at once, with
         a poke if *poke*); not when this process keeps it for an async
-        waiter, who takes it next.
+        waiter, who takes it next. An error (the lock directory went, a
+        link planted) says "look now": the waiter's next acquire raises it.
         """
         with self.lock:
             state = self.names.get(key.digest)
             if state is not None and state.fd is not None:
                 return False
-        flock = self.take(key)
+        try:
+            flock = self.take(key)
+        except OSError:
+            return True
         if flock is None:
             return False
         self.unlock(key.digest, flock[0], poke=poke)
@@ -358,7 +424,7 @@ class LockFiles:
     def _wake(self, key: LockKey, state: _Name) -> None:
         """The waker: block on the flock, then hand it to the waiters."""
         try:
-            fd = self.open_locked(self.path(key), block=True)
+            fd = self.open_locked(f"{key.hex}.lock", block=True)
         except OSError:
             fd = None
         with self.lock:
@@ -375,13 +441,13 @@ class LockFiles:
             notify()
 
 
-def _unlink_unused_fifo(path: str) -> None:
-    """Unlink the FIFO at *path* unless someone has it open to read."""
+def _unlink_unused_fifo(name: str, dfd: int) -> None:
+    """Unlink the FIFO *name* unless someone has it open to read."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_WRONLY | os.O_NONBLOCK | NOFOLLOW, dir_fd=dfd)
     except OSError as exc:
         if exc.errno == errno.ENXIO:  # Nobody reads it.
             with contextlib.suppress(OSError):
-                os.unlink(path)  # noqa: PTH108
+                os.unlink(name, dir_fd=dfd)
         return
     os.close(fd)  # A waiter listens: keep it.

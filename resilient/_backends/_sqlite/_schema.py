@@ -11,7 +11,7 @@ names costs more than the rest of the call) and are prepared once by
 from __future__ import annotations
 
 import contextlib
-import time
+import sys
 from pathlib import Path
 from typing import Final
 from urllib.parse import parse_qs, unquote
@@ -54,8 +54,11 @@ SCHEMA: Final = (
 )
 
 # One statement grants and mints: fence = max(row + 1, floor + 1, wall µs).
-# ?1 name, ?2 owner, ?3 wall-clock µs, ?4 expiry, ?5 boot, ?6 flocked,
-# ?7 now (monotonic ns).
+# ?1 name, ?2 owner, ?3 wall-clock µs, ?4 expiry, ?5 boot, ?6 the inode of
+# the lock file whose flock the taker holds (0: none), ?7 now (monotonic ns).
+# A live row is taken over only by a taker that holds the flock of the very
+# inode the holder recorded (it must be gone): a fresh file made after the
+# holder's was removed proves nothing.
 ACQUIRE: Final = """
 INSERT INTO leases (name, owner, fence, expires_ns, boot, flocked)
 VALUES (
@@ -68,7 +71,7 @@ ON CONFLICT (name) DO UPDATE SET
     boot = excluded.boot,
     flocked = excluded.flocked
 WHERE leases.expires_ns <= ?7 OR leases.boot != ?5
-    OR leases.owner = ?2 OR (?6 AND leases.flocked)
+    OR leases.owner = ?2 OR (?6 != 0 AND leases.flocked = ?6)
 RETURNING fence
 """
 
@@ -95,14 +98,50 @@ DELETE FROM leases WHERE name IN (
 """
 
 
+#: Linux's id of this boot.
+BOOT_ID_FILE: Final = "/proc/sys/kernel/random/boot_id"
+
+#: The boot id where the system gives none: no lease is ever taken for
+#: being of an earlier boot; leases expire, and the flock proves a holder
+#: gone after a reboot as after a crash.
+NO_BOOT_ID: Final = "unknown"
+
+
 def boot_id() -> str:
     """
-    This boot's id: Linux's ``/proc/sys/kernel/random/boot_id``; elsewhere
-    the wall-clock time of the boot in whole minutes (an approximation).
+    This boot's id: Linux's `BOOT_ID_FILE`; macOS's
+    ``kern.bootsessionuuid``; elsewhere `NO_BOOT_ID`.
+
+    Never derived from the clocks: the wall clock steps, and where there is
+    no ``/proc`` the monotonic clock stops while the machine sleeps, so
+    ``time() - monotonic()`` moves within one boot, and a new process would
+    take every live lease as one of an earlier boot.
     """
     with contextlib.suppress(OSError):
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return f"boot@{round((time.time() - time.monotonic()) / 60)}"
+        return Path(BOOT_ID_FILE).read_text().strip()
+    if sys.platform == "darwin":  # pragma: no cover - macOS only
+        found = _darwin_boot_session()
+        if found:
+            return f"darwin:{found}"
+    return NO_BOOT_ID
+
+
+def _darwin_boot_session() -> str | None:  # pragma: no cover - macOS only
+    """macOS's per-boot UUID (``sysctl kern.bootsessionuuid``), or None."""
+    try:
+        import ctypes  # noqa: PLC0415
+        import ctypes.util  # noqa: PLC0415
+
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        size = ctypes.c_size_t(64)
+        buf = ctypes.create_string_buffer(64)
+        if libc.sysctlbyname(
+            b"kern.bootsessionuuid", buf, ctypes.byref(size), None, 0
+        ):
+            return None
+        return buf.value.decode("ascii", "replace") or None
+    except (OSError, AttributeError, TypeError):
+        return None
 
 
 def parse(url: str) -> tuple[Path, bool]:

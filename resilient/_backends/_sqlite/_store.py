@@ -13,7 +13,6 @@ leases plus at most about `SWEEP_EVERY` free rows.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import sqlite3
@@ -29,7 +28,17 @@ from resilient._backends._base import (
     ReleaseResult,
     Renewal,
 )
-from resilient._backends._sqlite._files import LockFiles
+from resilient._backends._sqlite._files import (
+    CONTESTED_NS,
+    LockFiles,
+    close_inherited,
+)
+from resilient._backends._sqlite._safe import (
+    Unsafe,
+    failure,
+    same_files,
+    store_files,
+)
 from resilient._backends._sqlite._schema import (
     ACQUIRE,
     BUSY_TIMEOUT,
@@ -71,6 +80,7 @@ class SqliteBackend:
         self._grants = 0
         self._pid = 0
         self._conn: sqlite3.Connection | None = None
+        self._ids: tuple[tuple[int, int], ...] | None = None
 
     def __repr__(self) -> str:
         return f"<SqliteBackend {str(self.path)!r}>"
@@ -84,38 +94,60 @@ class SqliteBackend:
             # A forked child owns none of the parent's flocks or connection.
             self.files.after_fork()
             self._conn = None
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL, 0o600))
+        try:
+            return self._connect()
+        except Exception as exc:
+            raise failure(self.path, exc) from exc
+
+    def _connect(self) -> sqlite3.Connection:
+        """Check and open the files (`._safe`), then the database."""
+        db = str(self.path)
+        parent = self.path.parent
+        if not parent.is_dir():
+            parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        store_files(db)  # Made or checked, links refused, before SQLite.
+        self.files.open()
         conn = sqlite3.connect(
-            self.path,
+            db,
             timeout=BUSY_TIMEOUT,
             isolation_level=None,
             check_same_thread=False,
         )
-        # Only a new, empty file takes the page size (before WAL mode).
-        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA mmap_size={MMAP_SIZE}")
-        conn.execute(
-            f"PRAGMA synchronous={'FULL' if self.durable else 'NORMAL'}"
-        )
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in SCHEMA:
-                conn.execute(statement)
+            self._ids = _prepare(conn, db, durable=self.durable)
         except BaseException:
-            conn.execute("ROLLBACK")
+            conn.close()  # Not left to the collector (a ResourceWarning).
             raise
-        conn.execute("COMMIT")
         self._conn = conn
         self._pid = os.getpid()
         return conn
+
+    def _moved(self) -> bool:
+        """
+        Whether the database, its -wal or -shm were removed or replaced
+        since this process opened them (the caller holds the files' lock):
+        then the next statement opens the new files.
+        """
+        ids = same_files(str(self.path))
+        if ids == self._ids:
+            return False
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()  # A statement of another thread retries.
+        return True
 
     def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
         """See `LockBackend.acquire`."""
+        try:
+            return self._acquire(key, owner, ttl)
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            raise failure(self.path, exc) from exc
+
+    def _acquire(
+        self, key: LockKey, owner: OwnerToken, ttl: float
+    ) -> Grant | Busy:
         conn = self._connection()
         files = self.files
         flock = files.take(key)
@@ -124,7 +156,7 @@ class SqliteBackend:
             now = time.monotonic_ns()
             with files.lock:
                 if flock is None:
-                    busy = self._without_flock(conn, key, owner, now)
+                    busy = self._without_flock(conn, key, owner, now, ttl)
                     if busy is not None:
                         return busy
                 row = conn.execute(
@@ -135,7 +167,7 @@ class SqliteBackend:
                         time.time_ns() // 1000,
                         now + math.ceil(ttl * 1e9),
                         self.boot,
-                        flock is not None,
+                        0 if flock is None else flock[1],
                         now,
                     ),
                 ).fetchone()
@@ -165,20 +197,27 @@ class SqliteBackend:
         key: LockKey,
         owner: OwnerToken,
         now: int,
+        ttl: float,
     ) -> Busy | None:
         """
         A try that could not take the flock (the caller holds the lock):
         the answer without a write, or None to send the UPSERT (to take an
-        expired, earlier-boot or own row, or a free one whose flock's holder
-        has let it wait for `CONTESTED_NS`).
+        expired, earlier-boot or own row, a free one whose flock's holder
+        has let it wait for `CONTESTED_NS`, or a missing one whose flock's
+        holder has held it for a whole TTL).
         """
         held = conn.execute(HOLDER, (key.hex,)).fetchone()
         if held is None or held[0] == 0:
             # Free, but another process holds the flock: a waiter about
-            # to take it. Its turn, for a moment.
-            if self.files.patient(key, now):
+            # to take it. Its turn, for a moment. No row at all: the
+            # flock's holder may hold a lease in a database that was
+            # removed under it, so it counts as a lease of our TTL (its
+            # renewal tells it of the removal within a renewal interval).
+            wait = CONTESTED_NS if held else math.ceil(ttl * 1e9)
+            left = self.files.patient(key, now, wait)
+            if not left:
                 return None
-            return Busy(expires_in=0.001)
+            return Busy(expires_in=min(left / 1e9, 0.05))
         self.files.contested.pop(key.digest, None)
         if held[0] > now and held[1] == self.boot and held[2] != owner.secret:
             # Held by another and live: no write (a waiter's UPSERT would
@@ -188,14 +227,31 @@ class SqliteBackend:
         return None
 
     def renew(self, batch: Sequence[Renewal]) -> list[bool]:
-        """See `LockBackend.renew`: one transaction for the batch."""
+        """
+        See `LockBackend.renew`: one transaction for the batch. A lease
+        whose lock file, lock directory or database was removed or
+        replaced is not renewed (lost: someone may take the new file).
+        """
+        try:
+            return self._renew(batch)
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            raise failure(self.path, exc) from exc
+
+    def _renew(self, batch: Sequence[Renewal]) -> list[bool]:
         conn = self._connection()
         done = []
-        with self.files.lock:
+        gone: list[bytes] = []
+        files = self.files
+        with files.lock:
+            if self._moved():
+                return [False] * len(batch)
             conn.execute("BEGIN IMMEDIATE")
             try:
                 now = time.monotonic_ns()
                 for item in batch:
+                    if not files.still_held(item.owner.secret):
+                        done.append(False)
+                        continue
                     cursor = conn.execute(
                         RENEW,
                         (
@@ -206,15 +262,29 @@ class SqliteBackend:
                             now,
                         ),
                     )
+                    if cursor.rowcount != 1:
+                        gone.append(item.owner.secret)
                     done.append(cursor.rowcount == 1)
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+        # A row no longer ours (expired, taken, deleted): its flock proves
+        # nothing now, so the next taker need not wait for it. (A lease
+        # whose file or database went keeps its flock: the row may still
+        # be live where no one else can see it, so they wait out its TTL.)
+        for secret in gone:
+            files.drop(secret)
         return done
 
     def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         """See `LockBackend.release`."""
+        try:
+            return self._release(key, owner)
+        except (OSError, ValueError, sqlite3.Error) as exc:
+            raise failure(self.path, exc) from exc
+
+    def _release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         conn = self._conn
         if conn is None or self._pid != _PID:
             conn = self._connection()
@@ -261,6 +331,33 @@ class SqliteBackend:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+
+
+def _prepare(
+    conn: sqlite3.Connection, db: str, *, durable: bool
+) -> tuple[tuple[int, int], ...]:
+    """
+    Set a new connection up (pragmas, schema); the (device, inode) of the
+    database, -wal and -shm SQLite uses now (it may have made the -wal and
+    -shm again), which a holder's renewal checks are still the paths'.
+    """
+    # Only a new, empty file takes the page size (before WAL mode).
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(f"PRAGMA mmap_size={MMAP_SIZE}")
+    conn.execute(f"PRAGMA synchronous={'FULL' if durable else 'NORMAL'}")
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in SCHEMA:
+            conn.execute(statement)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    ids = same_files(db)
+    if ids is None:
+        raise Unsafe(f"{db}: the store's files changed while opening")
+    return ids
 
 
 @final
@@ -312,9 +409,14 @@ class AsyncSqliteBackend:
 
 
 def forked() -> None:
-    """In a forked child: the stores see the new process id."""
+    """
+    In a forked child: the stores see the new process id, and the child
+    closes its copies of the lock files at once, so that it never keeps a
+    dead parent's flock (waiters would sit out the TTL).
+    """
     global _PID  # noqa: PLW0603 - one per process
     _PID = os.getpid()
+    close_inherited()
 
 
 if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX

@@ -23,8 +23,11 @@ import contextlib
 import math
 import os
 import select
+import stat
 import time
 from typing import TYPE_CHECKING, final
+
+from resilient._backends._sqlite._safe import NOFOLLOW, check_file
 
 
 if TYPE_CHECKING:
@@ -77,28 +80,40 @@ class Waiter:
 
     def _listen(self) -> None:
         """Open (making it if need be) the name's FIFO and mark the file."""
-        stem = f"{self.files.dir}/{self.key.hex}"
         if self._fifo is not None:
             self._poll.unregister(self._fifo)
             fifo, self._fifo = self._fifo, None
             _close(self._open, fifo)
-        path, flags = f"{stem}.wake", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC
+        name, flags = (
+            f"{self.key.hex}.wake",
+            os.O_RDWR | os.O_NONBLOCK | NOFOLLOW,
+        )
+        dfd = self.files.dfd
         try:
             with contextlib.suppress(FileExistsError):
-                os.mkfifo(path, 0o600)
+                os.mkfifo(name, 0o600, dir_fd=dfd)
             # Listed at once, in one line (an interrupt's `close` finds it).
-            self._open.append(fifo := os.open(path, flags))
+            self._open.append(fifo := os.open(name, flags, dir_fd=dfd))
+            # Never a link (O_NOFOLLOW), and only our own FIFO.
+            self._ino = check_file(name, fifo, stat.S_IFIFO).st_ino
         except OSError:
             return  # No FIFO here: the CHECK looks still serve.
         self._fifo = fifo
-        self._ino = os.fstat(fifo).st_ino
         self._poll.register(fifo, select.POLLIN)
         self.mark()
 
     def mark(self) -> None:
         """Tell holders that a waiter listens (the lock file's size)."""
+        name = f"{self.key.hex}.lock"
+        flags, dfd = os.O_WRONLY | os.O_NONBLOCK | NOFOLLOW, self.files.dfd
         with contextlib.suppress(OSError):
-            os.truncate(f"{self.files.dir}/{self.key.hex}.lock", 1)
+            # Listed at once, in one line (an interrupt's `close` finds it).
+            self._open.append(fd := os.open(name, flags, dir_fd=dfd))
+            try:
+                check_file(name, fd)  # Never a link, a FIFO or not ours.
+                os.ftruncate(fd, 1)
+            finally:
+                _close(self._open, fd)
 
     def wake(self) -> None:
         """End the current `block` (from any thread: the cancel scope)."""
@@ -126,8 +141,10 @@ class Waiter:
                 return
             try:
                 moved = (
-                    os.stat(  # noqa: PTH116
-                        f"{self.files.dir}/{self.key.hex}.wake"
+                    os.stat(
+                        f"{self.key.hex}.wake",
+                        dir_fd=self.files.dfd,
+                        follow_symlinks=False,
                     ).st_ino
                     != self._ino
                 )
