@@ -312,7 +312,7 @@ def test_a_new_task_at_a_dead_holders_address_waits(
 
         try:
             await spawn(first)
-            for _ in range(500):
+            for _ in range(3000):
                 await spawn(second)
                 if outcome:
                     return outcome[0]
@@ -450,6 +450,28 @@ def test_store_options_and_backends_hide_the_password(url: str) -> None:
     for text in (repr(options), str(options)):
         _no_secret(text)
     _no_secret(repr(make(url)))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://:s3cr%40t@127.0.0.1:1/0?timeout=0.2",
+        "postgresql://alice:s3cr%40t@127.0.0.1:1/app?timeout=0.2",
+    ],
+)
+def test_errors_and_logs_of_an_unreachable_store_hide_the_password(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store that cannot be reached: `LockNotAcquired`, its cause (the
+    store's `LockBackendError`) and the log lines name no password."""
+    caplog.set_level(logging.DEBUG, logger="resilient")
+    with pytest.raises(LockNotAcquired) as info:
+        resilient.lock(fresh_name(), backend=url, timeout=0.3).acquire()
+    cause = info.value.__cause__
+    assert cause is not None
+    for text in (str(info.value), repr(info.value), str(cause), repr(cause)):
+        _no_secret(text)
+    _no_secret(caplog.text)
 
 
 def test_a_url_without_a_password_is_shown_whole() -> None:

@@ -15,6 +15,7 @@ held is released when it is collected, with a `ResourceWarning`
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
@@ -407,7 +408,7 @@ class Lease:
         record = self._record
         if record.reason == "forked":
             return
-        held = record.state is LeaseState.HELD
+        held = record.state is LeaseState.HELD and not sys.is_finalizing()
         try:
             _dropped.hand_over(
                 _dropped.release_job(
