@@ -12,6 +12,7 @@ fence column of the docs is 64-bit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import re
@@ -52,7 +53,7 @@ class Store:
 def _sqlite_delete(url: str) -> Callable[[LockKey], None]:
     def delete(key: LockKey) -> None:
         path = open_backend(url).path  # type: ignore[attr-defined]
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
             gone = db.execute(
                 "DELETE FROM leases WHERE name = ?", (key.hex,)
             ).rowcount

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient import _timeout
 from resilient._backends import ReleaseResult, Renewal
-from resilient._core import _clock, _telemetry
+from resilient._core import _clock
 from resilient._lock import _dropped
 from resilient._lock._holders import (
     HOLDERS,
@@ -33,6 +33,7 @@ from resilient._lock._holders import (
     thread_holder,
 )
 from resilient._lock._machine import LeaseState
+from resilient._lock._spans import end_span, start_span
 from resilient.exceptions import LockBackendError, LockLost
 
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
     from opentelemetry.trace import Span
 
-    from resilient._backends import AsyncLockBackend, LockBackend, LockKey
+    from resilient._backends import AsyncLockBackend, LockBackend
     from resilient._lock._hold import Hold
     from resilient._lock._lock import Lock
     from resilient._lock._machine import LeaseRecord
@@ -53,40 +54,6 @@ log: Final = logging.getLogger("resilient")
 #: Longest wait for a release to be answered in async code, in seconds,
 #: shielded from the cancellation that may be ending the block.
 RELEASE_TIMEOUT: Final = 5.0
-
-# -- the acquisition's span --------------------------------------------------
-
-
-def start_span(key: LockKey, scheme: str) -> Span | None:
-    """The span of one acquisition, or None when telemetry is off."""
-    if _telemetry.disabled():
-        return None
-    tracer, _ = _telemetry.TELEMETRY.resolve()
-    if tracer is None:
-        return None
-    return tracer.start_span(
-        "resilient.lock",
-        attributes={
-            "resilient.lock.name": key.shown,
-            "resilient.lock.backend": scheme,
-        },
-    )
-
-
-def end_span(
-    span: Span | None, outcome: str | None = None, *, error: bool = False
-) -> None:
-    """End *span* (if any) with *outcome*."""
-    if span is None:
-        return
-    from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
-
-    if outcome is not None:
-        span.set_attribute("resilient.lock.outcome", outcome)
-    span.set_status(
-        Status(StatusCode.ERROR, outcome) if error else Status(StatusCode.OK)
-    )
-    span.end()
 
 
 @final
@@ -374,6 +341,9 @@ class Lease:
         Release the lock now (a compare-and-delete on our owner token);
         leaving the block then does nothing more. Harmless to repeat: after
         `ReleaseResult.UNKNOWN` (no answer) it sends the release again.
+        `ReleaseResult.NOT_HELD` from a lease we believed held means it was
+        lost meanwhile: `lost` turns True, with reason ``"gone"``, and a
+        warning is logged.
 
         Never raises for a store that cannot be reached: the lease is left
         to expire, a log line and a span event say so, and the result is
@@ -506,9 +476,11 @@ __all__ = [
     "Lease",
     "ThreadHolder",
     "claim",
+    "end_span",
     "loss_callback",
     "may_still_run",
     "open_block",
     "shut_block",
+    "start_span",
     "thread_holder",
 ]
