@@ -17,6 +17,8 @@ import gc
 import logging
 import re
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -395,6 +397,66 @@ def test_a_dropped_lease_is_no_longer_renewed_or_recorded(
     assert lock.holder_key not in _lease.HOLDERS
     _, renewer = lock.sync_parts()
     assert record not in renewer.renewals.held()
+
+
+_DROPPER = """
+import gc, sys, time, warnings
+import anyio
+import resilient
+warnings.simplefilter("default", ResourceWarning)
+url, name, shell = sys.argv[1:4]
+lock = resilient.lock(name, backend=url, ttl=60.0)
+
+def report(leases):
+    print(leases[0].token, flush=True)
+    leases.clear()
+    gc.collect()
+    print("dropped", flush=True)
+
+if shell == "sync":
+    report([lock.acquire()])
+    time.sleep(60)  # alive: its renewer would keep the lease for good
+else:
+    async def main():
+        report([await lock.aacquire()])
+        await anyio.sleep(60)  # the loop runs: so would its renewer
+    anyio.run(main, backend=shell)
+"""
+
+
+def test_a_lease_dropped_in_a_live_process_frees_the_lock_for_others(
+    store: Store, shell: str
+) -> None:
+    """Another process (sync, asyncio or trio) acquires a lease by hand,
+    drops it and keeps running: this process gets the lock at once (well
+    within the 60 s TTL), and the other one printed the
+    `ResourceWarning`."""
+    if store.url.startswith("memory"):
+        pytest.skip("memory:// does not span processes")
+    name = fresh_name()
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", _DROPPER, store.url, name, shell],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        assert child.stdout is not None
+        token = int(child.stdout.readline())
+        assert child.stdout.readline().strip() == "dropped"
+        lease = resilient.lock(name, backend=store.url, timeout=5.0).acquire()
+        lease.release()
+        assert lease.token > token
+        assert lease.waited < 5.0
+        assert child.poll() is None  # The dropper is still running.
+    finally:
+        child.kill()
+        _, err = child.communicate(timeout=10)
+    assert "ResourceWarning" in err
+    assert name in err
 
 
 def test_a_released_or_with_lease_gives_no_warning(store: Store) -> None:
