@@ -30,7 +30,12 @@ import anyio
 import pytest
 
 import resilient
-from resilient._backends import LockKey, OwnerToken, open_backend
+from resilient._backends import (
+    LockKey,
+    OwnerToken,
+    async_backend,
+    open_backend,
+)
 from resilient._backends import _memory as memory
 from resilient._lock import _lease
 from resilient.exceptions import LockLost, LockNotAcquired
@@ -501,8 +506,8 @@ def test_lock_config_and_lock_hide_the_password(url: str) -> None:
 @pytest.mark.parametrize("url", SECRET_URLS)
 def test_store_options_and_backends_hide_the_password(url: str) -> None:
     """The parsed URL options of Redis and PostgreSQL (the driver's URL and
-    the secrets kept to cut from messages) and the backends made from the
-    URL show no password."""
+    the secrets kept to cut from messages) and the sync and async backends
+    made from the URL show no password."""
     if url.startswith("redis"):
         from resilient._backends._redis import parse_url
         from resilient._backends._redis import sync_backend as make
@@ -513,6 +518,17 @@ def test_store_options_and_backends_hide_the_password(url: str) -> None:
     for text in (repr(options), str(options)):
         _no_secret(text)
     _no_secret(repr(make(url)))
+
+    async def twin() -> str:
+        from resilient._lock._async import loop_token
+
+        backend = async_backend(url, loop_token("asyncio"))
+        try:
+            return repr(backend)
+        finally:
+            await backend.aclose()
+
+    _no_secret(anyio.run(twin))
 
 
 @pytest.mark.parametrize(
