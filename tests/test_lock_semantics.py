@@ -82,7 +82,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     kind = request.param
     if kind == "memory":
         url = f"memory://semantics-{uuid.uuid4().hex}"
-        yield Store(url, lambda key: memory.store(url).delete(key) and None)
+
+        def delete(key: LockKey) -> None:
+            assert memory.store(url).delete(key)
+
+        yield Store(url, delete)
     elif kind == "sqlite":
         url = f"sqlite:///{tmp_path / 'locks.sqlite3'}"
         yield Store(url, _sqlite_delete(url))
@@ -508,16 +512,13 @@ def test_store_options_and_backends_hide_the_password(url: str) -> None:
     """The parsed URL options of Redis and PostgreSQL (the driver's URL and
     the secrets kept to cut from messages) and the sync and async backends
     made from the URL show no password."""
-    if url.startswith("redis"):
-        from resilient._backends._redis import parse_url
-        from resilient._backends._redis import sync_backend as make
-    else:
-        from resilient._backends._postgres import parse_url
-        from resilient._backends._postgres import sync_backend as make
-    options = parse_url(url)
+    from resilient._backends import _postgres, _redis
+
+    module: Any = _redis if url.startswith("redis") else _postgres
+    options = module.parse_url(url)
     for text in (repr(options), str(options)):
         _no_secret(text)
-    _no_secret(repr(make(url)))
+    _no_secret(repr(module.sync_backend(url)))
 
     async def twin() -> str:
         from resilient._lock._async import loop_token
