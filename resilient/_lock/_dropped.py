@@ -28,11 +28,13 @@ from typing import TYPE_CHECKING, Final
 
 
 if TYPE_CHECKING:
+    import weakref
     from collections.abc import Callable
 
     from opentelemetry.trace import Span
 
     from resilient._backends import AsyncLockBackend, LockBackend
+    from resilient._lock._lease import Lease
     from resilient._lock._machine import LeaseRecord
     from resilient._lock._renewer import TaskRenewer, ThreadRenewer
 
@@ -98,26 +100,28 @@ def release_job(
     record: LeaseRecord,
     renewer: ThreadRenewer | TaskRenewer,
     backend: LockBackend | AsyncLockBackend,
-    url: str,
+    holder: tuple[tuple[str, bytes], weakref.ref[Lease]],
     span: Span | None,
 ) -> Callable[[], None]:
     """
     The job for a lease collected unreleased: stop its renewal, send its
     release (on its *backend* if that is a sync one, else on the process's
-    sync backend of *url*: an async backend belongs to its event loop),
-    end its span.
+    sync backend of the lock's URL: an async backend belongs to its event
+    loop), forget its *holder* entry, end its span.
     """
     from resilient._backends import ReleaseResult, open_backend  # noqa: PLC0415
-    from resilient._lock._lease import end_span  # noqa: PLC0415
+    from resilient._lock._holders import forget  # noqa: PLC0415
+    from resilient._lock._spans import end_span  # noqa: PLC0415
 
     def job() -> None:
         record.released()
         renewer.remove(record)
+        forget(*holder)
         result = ReleaseResult.UNKNOWN
         try:
             store = backend
             if inspect.iscoroutinefunction(store.release):
-                store = open_backend(url)
+                store = open_backend(holder[0][0])
             result = store.release(record.key, record.owner)  # type: ignore[assignment]
         finally:
             failed = result is not ReleaseResult.RELEASED

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._lock._async import aleave
 from resilient._lock._lease import (
-    HOLDERS,
-    HOLDERS_LOCK,
+    held_leases,
     log,
     may_still_run,
     thread_holder,
@@ -191,9 +190,7 @@ def _release_at_exit() -> None:
     still be running their blocks): a lease taken by hand and never
     released, or one whose ``with`` was interrupted and not recovered.
     """
-    with HOLDERS_LOCK:
-        leases = list(HOLDERS.values())
-    for lease in leases:
+    for lease in held_leases():
         if lease._library is None and not may_still_run(lease._holder):  # noqa: SLF001
             with contextlib.suppress(Exception):
                 lease.release()

@@ -23,15 +23,37 @@ if TYPE_CHECKING:
     from resilient._lock._lock import Lock
 
 
-# (url, key digest) -> the lease this process holds (weakly: a lease its
-# user dropped is collected, and released, see `Lease.__del__`). To refuse
-# a same-holder second acquire, and to release at exit the leases no
-# thread can still be using. Read and written as single operations; a
-# conditional delete takes the lock.
-HOLDERS: weakref.WeakValueDictionary[tuple[str, bytes], Lease] = (
-    weakref.WeakValueDictionary()
-)
+# (url, key digest) -> a weak reference to the lease this process holds
+# (the lease's own `_weak`: a lease its user dropped is collected, and
+# released, see `Lease.__del__`). To refuse a same-holder second acquire,
+# and to release at exit the leases no thread can still be using. Read and
+# written as single dict operations (atomic: a plain dict of references
+# costs a third of a `WeakValueDictionary`); a conditional delete takes
+# the lock.
+HOLDERS: dict[tuple[str, bytes], weakref.ref[Lease]] = {}
 HOLDERS_LOCK: Final = threading.Lock()
+
+
+def holder_of(key: tuple[str, bytes]) -> Lease | None:
+    """The live lease recorded for *key*, if any."""
+    ref = HOLDERS.get(key)
+    return None if ref is None else ref()
+
+
+def forget(key: tuple[str, bytes], ref: weakref.ref[Lease]) -> None:
+    """Drop *key*'s entry if it is still *ref* (a lease's `_weak`)."""
+    if HOLDERS.get(key) is ref:
+        with HOLDERS_LOCK:
+            if HOLDERS.get(key) is ref:
+                del HOLDERS[key]
+
+
+def held_leases() -> list[Lease]:
+    """Every live lease recorded."""
+    with HOLDERS_LOCK:
+        refs = list(HOLDERS.values())
+    return [lease for ref in refs if (lease := ref()) is not None]
+
 
 _THREAD: Final = threading.local()
 
@@ -79,7 +101,7 @@ def claim(lock: Lock, me: object) -> None:
     `ThreadHolder`, or a weak reference to a task: equal only while it is
     that very task).
     """
-    held = HOLDERS.get(lock.holder_key)
+    held = holder_of(lock.holder_key)
     if held is not None and held._holder == me:  # noqa: SLF001
         who = "task" if isinstance(me, weakref.ref) else "thread"
         raise RuntimeError(
@@ -94,6 +116,9 @@ __all__ = [
     "HOLDERS_LOCK",
     "ThreadHolder",
     "claim",
+    "forget",
+    "held_leases",
+    "holder_of",
     "may_still_run",
     "thread_holder",
 ]

@@ -29,6 +29,8 @@ from resilient._lock._holders import (
     HOLDERS_LOCK,
     ThreadHolder,
     claim,
+    forget,
+    held_leases,
     may_still_run,
     thread_holder,
 )
@@ -86,6 +88,7 @@ class Lease:
         "_renewer",
         "_scope",
         "_span",
+        "_weak",
         "waited",
     )
 
@@ -108,6 +111,7 @@ class Lease:
         self._holder = holder
         self._library = library
         self._released: ReleaseResult | None = None
+        self._weak = weakref.ref(self)
         self._scope: _timeout.TimeoutScope | None = None
         self.waited = waited
         """Seconds spent acquiring it."""
@@ -277,7 +281,7 @@ class Lease:
 
     def _start(self) -> None:
         """Record the holder and start renewing; `_let_go` undoes it."""
-        HOLDERS[self._lock.holder_key] = self
+        HOLDERS[self._lock.holder_key] = self._weak
         self._renewer.add(self._record)
         span = self._span
         if span is not None:
@@ -297,11 +301,7 @@ class Lease:
         record = self._record
         record.released()
         self._renewer.remove(record)
-        key = self._lock.holder_key
-        if HOLDERS.get(key) is self:
-            with HOLDERS_LOCK:
-                if HOLDERS.get(key) is self:
-                    del HOLDERS[key]
+        forget(self._lock.holder_key, self._weak)
         return record.reason != "forked"
 
     def _settled(self, result: ReleaseResult) -> ReleaseResult:
@@ -385,7 +385,7 @@ class Lease:
                     record,
                     self._renewer,
                     self._backend,
-                    self._lock.url,
+                    (self._lock.holder_key, self._weak),
                     self._span,
                 )
             )
@@ -429,7 +429,7 @@ def loss_callback(lease: Lease) -> Callable[[], None]:
     *lease*'s loss callback for its record, holding it weakly: the renewer
     keeps the record, and must not keep the lease from being collected.
     """
-    ref = weakref.ref(lease)
+    ref = lease._weak  # noqa: SLF001
 
     def lost() -> None:
         alive = ref()
@@ -477,6 +477,7 @@ __all__ = [
     "ThreadHolder",
     "claim",
     "end_span",
+    "held_leases",
     "loss_callback",
     "may_still_run",
     "open_block",
