@@ -468,6 +468,58 @@ def test_a_lease_dropped_in_a_live_process_frees_the_lock_for_others(
     assert name in err
 
 
+def test_a_dropped_lease_in_a_cycle_is_released_by_the_collector(
+    store: Store,
+) -> None:
+    """A lease caught in a reference cycle is found by the cyclic collector
+    (which clears weak references before finalizers run): released too,
+    and its holder entry forgotten."""
+    name = fresh_name()
+    lock = resilient.lock(name, backend=store.url, ttl=60.0)
+    cycle: list[Any] = [lock.acquire()]
+    cycle.append(cycle)
+    with pytest.warns(ResourceWarning, match=re.escape(repr(name))):
+        collect(cycle)
+    assert acquire_free("sync", store.url, name) < 5.0
+    end = time.monotonic() + 5.0
+    while lock.holder_key in _lease.HOLDERS and time.monotonic() < end:
+        time.sleep(0.01)
+    assert lock.holder_key not in _lease.HOLDERS
+
+
+def test_the_collecting_thread_never_waits_for_the_release(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release of a dropped lease runs in the dropped-lease worker: a
+    store that takes its time to answer it never holds up the thread whose
+    allocation ran the collector (it may hold any lock at that moment)."""
+    name = fresh_name()
+    lock = resilient.lock(name, backend=store.url, ttl=60.0)
+    backend = open_backend(store.url)
+    gate = threading.Event()
+    threads: list[threading.Thread | None] = []
+    real = backend.release
+
+    def slow(key: LockKey, owner: OwnerToken) -> Any:
+        threads.append(threading.current_thread())
+        gate.wait(10.0)
+        return real(key, owner)
+
+    monkeypatch.setattr(backend, "release", slow)
+    leases = [lock.acquire()]
+    started = time.monotonic()
+    with pytest.warns(ResourceWarning):
+        collect(leases)
+    assert time.monotonic() - started < 1.0
+    end = time.monotonic() + 5.0
+    while not threads and time.monotonic() < end:
+        time.sleep(0.01)  # The worker is in the release, at the gate.
+    gate.set()
+    assert threads
+    assert threads[0] is not threading.current_thread()
+    assert acquire_free("sync", store.url, name) < 5.0
+
+
 def test_a_released_or_with_lease_gives_no_warning(store: Store) -> None:
     """Leases released by hand or by ``with`` are collected silently."""
     lock = resilient.lock(fresh_name(), backend=store.url)
