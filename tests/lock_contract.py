@@ -281,6 +281,21 @@ class BackendContract:
         assert isinstance(second, Grant)
         assert second.fence > first.fence
 
+    def test_the_release_of_a_lease_deleted_behind_its_back_is_not_held(
+        self,
+        lock_backend_url: str,
+        delete_lease: Callable[[str, LockKey], None],
+    ) -> None:
+        """A release whose lease the store lost (deleted by someone else)
+        answers NOT_HELD, never RELEASED: it is how leaving a block finds a
+        loss no renewal saw (the shells raise `LockLost` on it)."""
+        backend = open_backend(lock_backend_url)
+        key = fresh_key()
+        owner = OwnerToken()
+        assert isinstance(backend.acquire(key, owner, 10.0), Grant)
+        delete_lease(lock_backend_url, key)
+        assert backend.release(key, owner) is ReleaseResult.NOT_HELD
+
     # -- watch ------------------------------------------------------------
 
     def test_watch_wakes_on_release(self, lock_backend_url: str) -> None:

@@ -52,9 +52,13 @@ def test_a_sync_waiter_is_woken_by_the_release_without_a_helper_thread(
         "job", backend=url, timeout=20, backoff=resilient.Constant(seconds=10)
     )
     got: list[int] = []
-    thread = threading.Thread(
-        target=lambda: got.append(waiter.acquire().token)
-    )
+
+    def wait() -> None:
+        lease = waiter.acquire()
+        got.append(lease.token)
+        lease.release()
+
+    thread = threading.Thread(target=wait)
     before = set(_wakers())  # Async waiters of earlier tests may linger.
     thread.start()
     time.sleep(0.2)  # It waits: tried, listens, tried again.
@@ -104,9 +108,13 @@ def test_a_waiter_sees_a_killed_holder_without_a_release(url: str) -> None:
             backoff=resilient.Constant(seconds=10),
         )
         got: list[float] = []
-        thread = threading.Thread(
-            target=lambda: got.append(waiter.acquire().waited)
-        )
+
+        def wait() -> None:
+            lease = waiter.acquire()
+            got.append(lease.waited)
+            lease.release()
+
+        thread = threading.Thread(target=wait)
         thread.start()
         time.sleep(0.2)
         assert not got

@@ -39,6 +39,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import math
+import re
 import secrets
 import urllib.parse
 from typing import TYPE_CHECKING, Final, Protocol, final
@@ -363,6 +364,34 @@ def url_where(url: str) -> str:
         return "(default host)"
     shown = f"[{host}]" if ":" in host else host
     return f"{shown}:{port}" if port else shown
+
+
+_PASSWORD_PARAMETER: Final = re.compile(
+    r"(?i)(^|&)((?:ssl)?pass(?:word|wd)?)=[^&]*"
+)
+
+
+def shown_url(url: str) -> str:
+    """
+    *url* as reprs may show it: its password (in the user part, or a
+    ``password=`` query parameter) replaced by ``***``, as in
+    ``redis://:***@host`` and ``postgresql://user:***@host/db``.
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "(unreadable URL)"
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
+    query = _PASSWORD_PARAMETER.sub(r"\1\2=***", parts.query)
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
+def url_repr(url: object) -> str:
+    """The repr of a URL field (`shown_url`), for attrs' ``repr=``."""
+    return repr(shown_url(url)) if isinstance(url, str) else repr(url)
 
 
 def url_secrets(url: str) -> tuple[str, ...]:

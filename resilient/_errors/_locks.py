@@ -118,12 +118,16 @@ class LockLost(ResilientError):
     wrote with the lease's fencing token may be refused by the resource.
 
     Raised by `Lease.checkpoint`, and by leaving the lock's block (unless
-    the block is already raising). Never carries the owner token.
+    the block is already raising: then a note on its exception says so),
+    also when the block's release finds the lease no longer ours: the block
+    may have run without the lock. Every loss is logged at WARNING. Never
+    carries the owner token.
 
     Attributes:
         name: The lock's name.
         fence: The fencing token of the lost lease.
-        reason: ``"gone"`` (the store said it is not ours), ``"expired"``
+        reason: ``"gone"`` (the store said it is not ours, at a renewal or
+            at the release), ``"expired"``
             (not renewed in time on our clock), ``"refused"`` (the store
             refused a renewal for good, such as a revoked password or
             permission: the `LockBackendError` is the ``__cause__``) or

@@ -10,6 +10,7 @@ cancel scope.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import TYPE_CHECKING, final
 
 import anyio
@@ -59,12 +60,17 @@ def loop_token(library: str) -> object:
 
 
 def current_holder(library: str) -> object:
-    """The running task, as the holder of a lease (anyio's task id)."""
+    """
+    The running task, as the holder of a lease: a weak reference to the
+    task object, equal to another only while both are that very task
+    (never its ``id()``, which a later task may be given).
+    """
     if library == "trio":
         import trio  # noqa: PLC0415
 
-        return ("task", id(trio.lowlevel.current_task()))
-    return ("task", id(asyncio.current_task()))
+        return weakref.ref(trio.lowlevel.current_task())
+    task = asyncio.current_task()
+    return object() if task is None else weakref.ref(task)
 
 
 @final
@@ -191,12 +197,14 @@ async def aleave(
             entry = lock.entered()
         lease, scope = entry
         lost = lease._lost_now()  # noqa: SLF001
+        before = lease._released  # noqa: SLF001 - released by hand?
         try:
             swallowed = scope.__exit__(exc_type, exc, tb)
         finally:
             await lease.arelease()
             if linked is None:
                 lock.forget([lease])
+        lost = lost or lease._released_at_exit(before)  # noqa: SLF001
     except BaseException:
         if entry is not None:
             try:

@@ -10,14 +10,20 @@ and compensating differ between them.
 
 from __future__ import annotations
 
-import logging
 import math
 import random
 from typing import TYPE_CHECKING, Final, final
 
 from resilient._backends import Busy, Grant, OwnerToken
 from resilient._core import _clock
-from resilient._lock._lease import Lease, claim, end_span, start_span
+from resilient._lock._lease import (
+    Lease,
+    claim,
+    end_span,
+    log,
+    loss_callback,
+    start_span,
+)
 from resilient._lock._machine import (
     Acquisition,
     GiveUp,
@@ -40,8 +46,6 @@ if TYPE_CHECKING:
 
 
 _RNG: Final = random.Random()
-
-log: Final = logging.getLogger("resilient")
 
 #: Seconds between two log records of a store that keeps failing while a
 #: caller waits (the first failure is logged at once).
@@ -133,7 +137,7 @@ class Attempt:
             self.library,
         )
         # Nobody else sees the record yet (the renewer gets it below).
-        record._on_lost = lease._cancel_block  # noqa: SLF001
+        record._on_lost = loss_callback(lease)  # noqa: SLF001
         out.append(lease)
         lease._start()  # noqa: SLF001
         return lease
@@ -152,7 +156,15 @@ class Attempt:
         """The lock is held (or the grant came too late): what next."""
         self.error = None
         self.busy = answer
-        return self.acq.busy(self.clock.now(), answer)
+        first = self._acq is None
+        step = self.acq.busy(self.clock.now(), answer)
+        if first and isinstance(step, Wait):
+            log.debug(
+                "lock %r is held; waiting for it (up to %s)",
+                self.lock.key.shown,
+                _left(self.acq.deadline - self.start),
+            )
+        return step
 
     def failed(self, exc: Exception) -> Wait | GiveUp:
         """
@@ -204,6 +216,10 @@ class Attempt:
         why = "error" if isinstance(exc, LockBackendError) else "interrupted"
         end_span(self.span, why, error=True)
         return True
+
+
+def _left(seconds: float) -> str:
+    return "no limit" if seconds == math.inf else f"{seconds:.3f} s"
 
 
 __all__ = ["Attempt", "GiveUp", "Grant", "Wait"]

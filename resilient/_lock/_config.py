@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final, TypedDict, final
 
 import attrs
 
+from resilient._backends._base import url_repr
 from resilient._core._backoff import FullJitter
 from resilient._core._keywords import settings_checked
 from resilient._core._validate import check_number, field_name, to_seconds
@@ -171,7 +172,9 @@ class LockConfig:
     backoff: Backoff = attrs.field(
         factory=lambda: FullJitter(base=0.005, cap=0.5), validator=_backoff
     )
-    backend: str | None = attrs.field(default=None, validator=_backend)
+    backend: str | None = attrs.field(
+        default=None, validator=_backend, repr=url_repr
+    )
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.blocking, bool):

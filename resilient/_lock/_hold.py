@@ -21,7 +21,12 @@ import threading
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._lock._async import aleave
-from resilient._lock._lease import HOLDERS, HOLDERS_LOCK, log
+from resilient._lock._lease import (
+    held_leases,
+    log,
+    may_still_run,
+    thread_holder,
+)
 from resilient._lock._sync import leave
 
 
@@ -138,7 +143,7 @@ def abandon(
         lease._let_go()  # noqa: SLF001
         if lease._library is None:  # noqa: SLF001
             if (
-                threading.get_ident() == lease._holder  # noqa: SLF001
+                lease._holder is thread_holder()  # noqa: SLF001
                 and scope._state == "entered"  # noqa: SLF001
             ):
                 with contextlib.suppress(Exception):  # Another context.
@@ -185,11 +190,8 @@ def _release_at_exit() -> None:
     still be running their blocks): a lease taken by hand and never
     released, or one whose ``with`` was interrupted and not recovered.
     """
-    daemons = {t.ident for t in threading.enumerate() if t.daemon}
-    with HOLDERS_LOCK:
-        leases = list(HOLDERS.values())
-    for lease in leases:
-        if lease._library is None and lease._holder not in daemons:  # noqa: SLF001
+    for lease in held_leases():
+        if lease._library is None and not may_still_run(lease._holder):  # noqa: SLF001
             with contextlib.suppress(Exception):
                 lease.release()
     embedded = sys.modules.get("resilient._backends._sqlite")

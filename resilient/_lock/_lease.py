@@ -3,28 +3,48 @@ The lease a held lock hands out, shared by the sync and async shells.
 
 A `Lease` is what ``with resilient.lock(...)`` gives: the fencing token, the
 checks (`Lease.checkpoint`), renewing and releasing by hand. Also here: the
-record of which thread or task holds which lock in this process (to refuse
-a same-holder second acquire, and to release at exit what nobody can still
-use), and the acquisition's span.
+acquisition's span. Which thread or task holds which lock is recorded in
+`resilient._lock._holders` (re-exported here).
+
+Nothing of the process keeps a lease alive but its user: the holders'
+record is weak, and so is the record's loss callback. A lease dropped while
+held is released when it is collected, with a `ResourceWarning`
+(`Lease.__del__`, `resilient._lock._dropped`).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+import sys
+import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient import _timeout
 from resilient._backends import ReleaseResult, Renewal
-from resilient._core import _clock, _telemetry
+from resilient._core import _clock
+from resilient._lock import _dropped
+from resilient._lock._holders import (
+    HOLDERS,
+    HOLDERS_LOCK,
+    ThreadHolder,
+    claim,
+    forget,
+    held_leases,
+    may_still_run,
+    thread_holder,
+)
 from resilient._lock._machine import LeaseState
+from resilient._lock._spans import end_span, start_span
 from resilient.exceptions import LockBackendError, LockLost
 
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from opentelemetry.trace import Span
 
-    from resilient._backends import AsyncLockBackend, LockBackend, LockKey
+    from resilient._backends import AsyncLockBackend, LockBackend
     from resilient._lock._hold import Hold
     from resilient._lock._lock import Lock
     from resilient._lock._machine import LeaseRecord
@@ -36,61 +56,6 @@ log: Final = logging.getLogger("resilient")
 #: Longest wait for a release to be answered in async code, in seconds,
 #: shielded from the cancellation that may be ending the block.
 RELEASE_TIMEOUT: Final = 5.0
-
-# (url, key digest) -> the lease this process holds; its holder is a thread
-# id, or a task ("task", id). To refuse a same-holder second acquire, and
-# to release at exit the leases no thread can still be using. Read and
-# written as single dict operations (atomic); a conditional delete takes
-# the lock.
-HOLDERS: dict[tuple[str, bytes], Lease] = {}
-HOLDERS_LOCK: Final = threading.Lock()
-
-
-def claim(lock: Lock, me: object) -> None:
-    """Refuse a second acquire of *lock* by the thread or task *me*."""
-    held = HOLDERS.get(lock.holder_key)
-    if held is not None and held._holder == me:  # noqa: SLF001
-        who = "thread" if isinstance(me, int) else "task"
-        raise RuntimeError(
-            f"lock {lock.key.shown!r} is already held by this {who}: "
-            "locks are not reentrant, and waiting for it here would "
-            "wait for ever"
-        )
-
-
-# -- the acquisition's span --------------------------------------------------
-
-
-def start_span(key: LockKey, scheme: str) -> Span | None:
-    """The span of one acquisition, or None when telemetry is off."""
-    if _telemetry.disabled():
-        return None
-    tracer, _ = _telemetry.TELEMETRY.resolve()
-    if tracer is None:
-        return None
-    return tracer.start_span(
-        "resilient.lock",
-        attributes={
-            "resilient.lock.name": key.shown,
-            "resilient.lock.backend": scheme,
-        },
-    )
-
-
-def end_span(
-    span: Span | None, outcome: str | None = None, *, error: bool = False
-) -> None:
-    """End *span* (if any) with *outcome*."""
-    if span is None:
-        return
-    from opentelemetry.trace import Status, StatusCode  # noqa: PLC0415
-
-    if outcome is not None:
-        span.set_attribute("resilient.lock.outcome", outcome)
-    span.set_status(
-        Status(StatusCode.ERROR, outcome) if error else Status(StatusCode.OK)
-    )
-    span.end()
 
 
 @final
@@ -105,10 +70,15 @@ class Lease:
 
     Never shows the owner token: not in its repr, its errors or its spans.
 
+    Release a lease taken by hand (`Lock.acquire`): one dropped while held
+    is released when the garbage collector finds it, with a
+    `ResourceWarning`, as an unclosed file is.
+
     .. versionadded:: 26.11.0
     """
 
     __slots__ = (
+        "__weakref__",
         "_backend",
         "_holder",
         "_library",
@@ -118,6 +88,7 @@ class Lease:
         "_renewer",
         "_scope",
         "_span",
+        "_weak",
         "waited",
     )
 
@@ -140,6 +111,7 @@ class Lease:
         self._holder = holder
         self._library = library
         self._released: ReleaseResult | None = None
+        self._weak = weakref.ref(self)
         self._scope: _timeout.TimeoutScope | None = None
         self.waited = waited
         """Seconds spent acquiring it."""
@@ -214,8 +186,11 @@ class Lease:
         """
         At the end of the block: whether the lease is lost, checked now; if
         it is, its scope is cancelled with `LockLost` (a no-op if it was
-        already, and the first reason stays).
+        already, and the first reason stays). A lease released by hand in
+        the block is not: its caller had the release's answer.
         """
+        if self._released is not None:
+            return False
         record = self._record
         if record.state is LeaseState.HELD and (
             _clock.get_clock().now() < record.valid_until
@@ -225,6 +200,11 @@ class Lease:
             self._cancel_block()
             return True
         return False
+
+    def _on_loss(self) -> None:
+        """The record's loss callback (once, from any thread): log, cancel."""
+        log.warning("%s", self._lost_error())
+        self._cancel_block()
 
     def _cancel_if_lost(self) -> None:
         """
@@ -301,7 +281,7 @@ class Lease:
 
     def _start(self) -> None:
         """Record the holder and start renewing; `_let_go` undoes it."""
-        HOLDERS[self._lock.holder_key] = self
+        HOLDERS[self._lock.holder_key] = self._weak
         self._renewer.add(self._record)
         span = self._span
         if span is not None:
@@ -321,16 +301,16 @@ class Lease:
         record = self._record
         record.released()
         self._renewer.remove(record)
-        key = self._lock.holder_key
-        if HOLDERS.get(key) is self:
-            with HOLDERS_LOCK:
-                if HOLDERS.get(key) is self:
-                    del HOLDERS[key]
+        forget(self._lock.holder_key, self._weak)
         return record.reason != "forked"
 
     def _settled(self, result: ReleaseResult) -> ReleaseResult:
         self._released = result
-        if result is ReleaseResult.UNKNOWN:
+        if result is ReleaseResult.NOT_HELD and self._record.gone_at_release():
+            # Expired, deleted or taken while we held it: the work done
+            # under it may have run without the lock.
+            log.warning("%s", self._lost_error())
+        elif result is ReleaseResult.UNKNOWN:
             log.warning(
                 "lock %r: the release got no answer; the lease is left to "
                 "expire within %.3f s",
@@ -361,6 +341,9 @@ class Lease:
         Release the lock now (a compare-and-delete on our owner token);
         leaving the block then does nothing more. Harmless to repeat: after
         `ReleaseResult.UNKNOWN` (no answer) it sends the release again.
+        `ReleaseResult.NOT_HELD` from a lease we believed held means it was
+        lost meanwhile: `lost` turns True, with reason ``"gone"``, and a
+        warning is logged.
 
         Never raises for a store that cannot be reached: the lease is left
         to expire, a log line and a span event say so, and the result is
@@ -375,6 +358,49 @@ class Lease:
         except Exception:  # noqa: BLE001 - no answer: left to expire
             result = ReleaseResult.UNKNOWN
         return self._settled(result)
+
+    def _released_at_exit(self, before: ReleaseResult | None) -> bool:
+        """
+        After the block's release: whether it found the lease lost (the
+        store answered NOT_HELD), when *before* (`_released` before it) says
+        the block had not released it by hand.
+        """
+        return before is None and self._record.reason == "gone"
+
+    def __del__(self) -> None:
+        """
+        Collected unreleased (acquired by hand and dropped): stop renewing
+        and release it from the dropped-lease worker (never here, in any
+        thread amid anything), and warn as an unclosed file does.
+        """
+        if getattr(self, "_released", True) is not None:
+            return  # Released, or __init__ never finished.
+        record = self._record
+        if record.reason == "forked":
+            return
+        held = record.state is LeaseState.HELD and not sys.is_finalizing()
+        try:
+            _dropped.hand_over(
+                _dropped.release_job(
+                    record,
+                    self._renewer,
+                    self._backend,
+                    (self._lock.holder_key, self._weak),
+                    self._span,
+                )
+            )
+        except BaseException:  # noqa: BLE001 - in __del__: the lease expires
+            return
+        if held:
+            warnings.warn(
+                f"lock {self._lock.key.shown!r} (fence {record.fence}) was "
+                "never released: its lease was dropped while held, and is "
+                "released now; release it (`lease.release()`) or hold it "
+                "with `with`",
+                ResourceWarning,
+                stacklevel=1,
+                source=self,
+            )
 
     async def arelease(self) -> ReleaseResult:
         """
@@ -396,6 +422,21 @@ class Lease:
         except Exception:  # noqa: BLE001 - no answer: left to expire
             result = ReleaseResult.UNKNOWN
         return self._settled(result)
+
+
+def loss_callback(lease: Lease) -> Callable[[], None]:
+    """
+    *lease*'s loss callback for its record, holding it weakly: the renewer
+    keeps the record, and must not keep the lease from being collected.
+    """
+    ref = lease._weak  # noqa: SLF001
+
+    def lost() -> None:
+        alive = ref()
+        if alive is not None:
+            alive._on_loss()  # noqa: SLF001
+
+    return lost
 
 
 # -- the block's cancel scope (both shells) ---------------------------------
@@ -430,9 +471,17 @@ def shut_block(lease: Lease) -> None:
 
 __all__ = [
     "HOLDERS",
+    "HOLDERS_LOCK",
     "RELEASE_TIMEOUT",
     "Lease",
+    "ThreadHolder",
     "claim",
+    "end_span",
+    "held_leases",
+    "loss_callback",
+    "may_still_run",
     "open_block",
     "shut_block",
+    "start_span",
+    "thread_holder",
 ]

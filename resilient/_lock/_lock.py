@@ -80,10 +80,13 @@ class Lock:
     code every wait of the library in it wakes, `Lease.checkpoint` raises
     `LockLost`, and leaving the block raises `LockLost` unless the block is
     already raising. Leaving releases the lease (also on errors and
-    cancellation).
+    cancellation); a release the store answers with "not held" (the lease
+    expired, or was deleted or taken) raises `LockLost` too, as the block
+    may have run without the lock.
 
     Not reentrant: entering a lock the same thread or task already holds
-    raises `RuntimeError` rather than waiting for ever. One `Lock` may be
+    raises `RuntimeError` rather than waiting for ever (the thread or task
+    object itself, never its reusable ident or ``id``). One `Lock` may be
     entered by many threads and tasks at once; each gets its own lease in
     turn.
 

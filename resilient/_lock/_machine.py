@@ -272,6 +272,20 @@ class LeaseRecord:
             self._on_lost = None
         return held
 
+    def gone_at_release(self) -> bool:
+        """
+        Our release found the lease no longer ours on the store (it answered
+        NOT_HELD): it was lost while we believed we held it. Marks it lost
+        (``"gone"``) and returns True, unless it was lost before or is a
+        forked child's copy (False: nothing new).
+        """
+        with self._lock:
+            if self.reason is not None:
+                return False
+            self.state = LeaseState.LOST
+            self.reason = "gone"
+        return True
+
     def wake_at(self) -> float:
         """When the renewer must next look at this lease."""
         return min(self.due, self.valid_until) if self.active else math.inf

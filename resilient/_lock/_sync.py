@@ -16,7 +16,7 @@ from resilient import _timeout
 from resilient._backends import Busy, Grant
 from resilient._core import _clock, _loops
 from resilient._lock._attempt import Attempt, GiveUp, Wait
-from resilient._lock._lease import log, open_block, shut_block
+from resilient._lock._lease import log, open_block, shut_block, thread_holder
 
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa:
     BaseException`` can release it whatever line was interrupted.
     """
     backend, renewer = lock.sync_parts()
-    att = Attempt(lock, config, threading.get_ident(), None, backend, renewer)
+    att = Attempt(lock, config, thread_holder(), None, backend, renewer)
     key, owner, ttl, clock = lock.key, att.owner, config.ttl, att.clock
     woken: threading.Event | None = None  # Made only if we must wait.
     waiter = None  # Or the store's own wake-up, which this thread polls.
@@ -172,12 +172,16 @@ def leave(
             entry = lock.entered()
         lease, scope = entry
         lost = lease._lost_now()  # noqa: SLF001
+        before = lease._released  # noqa: SLF001 - released by hand?
         try:
             swallowed = scope.__exit__(exc_type, exc, tb)
         finally:
             lease.release()
             if linked is None:
                 lock.forget([lease])
+        # The store said the lease was not ours: the block may have run
+        # without the lock (expired, deleted or taken meanwhile).
+        lost = lost or lease._released_at_exit(before)  # noqa: SLF001
     except BaseException:
         if entry is not None:
             try:

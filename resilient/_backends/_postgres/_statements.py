@@ -22,6 +22,7 @@ from resilient._backends._base import (
     call_limit,
     hide,
     ttl_ms,
+    url_repr,
     url_seconds,
     url_secrets,
     url_where,
@@ -138,11 +139,11 @@ _WaitTimeout: type[BaseException] = getattr(
 class Options:
     """What a lock URL says, split into the driver's URL and ours."""
 
-    driver_url: str
+    driver_url: str = attrs.field(repr=url_repr)
     table: tuple[str, ...]
     timeout: float
     where: str
-    secrets: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
 
 
 def parse_url(url: str) -> Options:

@@ -21,6 +21,7 @@ from resilient._backends._base import (
     call_limit,
     hide,
     ttl_ms,
+    url_repr,
     url_seconds,
     url_secrets,
     url_where,
@@ -161,11 +162,11 @@ class Command:
 class Options:
     """What a lock URL says, split into the driver's URL and ours."""
 
-    driver_url: str
+    driver_url: str = attrs.field(repr=url_repr)
     namespace: str
     timeout: float
     where: str
-    secrets: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
 
 
 def parse_url(url: str) -> Options:
