@@ -344,17 +344,29 @@ class TestWaiting:
     def test_blocking_acquire_in_an_event_loop_is_refused(
         self, anyio_backend: str, url: str
     ) -> None:
-        """A sync acquire that would have to wait, on an event loop's thread,
-        raises a clear error naming the async form instead of freezing the
-        loop (one that is granted at once does not wait, and is allowed)."""
+        """A sync acquire that could wait, on an event loop's thread, raises
+        a clear error naming the async form at its first call, even when the
+        lock is free (a test suite where it always is would never see the
+        mistake); one that may not wait (``blocking=False``, ``timeout=0``)
+        is allowed."""
         lock = resilient.lock("job", backend=url)
 
         async def main() -> None:
-            lock.acquire().release()
+            with pytest.raises(RuntimeError, match="async with"):
+                lock.acquire()
             release = hold(url)
             with pytest.raises(RuntimeError, match="async with"):
                 lock.acquire()
             release()
+            resilient.lock("job", backend=url, timeout=0).acquire().release()
+            with pytest.raises(resilient.LockNotAcquired):
+                release = hold(url)
+                try:
+                    resilient.lock(
+                        "job", backend=url, blocking=False
+                    ).acquire()
+                finally:
+                    release()
 
         anyio.run(main, backend=anyio_backend)
 

@@ -36,6 +36,10 @@ def acquire(lock: Lock, config: LockConfig, out: list[Lease]) -> Lease:  # noqa:
     appended to *out* before anything starts, so that a caller's ``except
     BaseException`` can release it whatever line was interrupted.
     """
+    if config.blocking and config.timeout != 0:
+        # Refused at the first call, not at the first wait: a test suite
+        # where the lock is always free would never see the mistake.
+        _refuse_in_loop(lock)
     backend, renewer = lock.sync_parts()
     att = Attempt(lock, config, thread_holder(), None, backend, renewer)
     key, owner, ttl, clock = lock.key, att.owner, config.ttl, att.clock
@@ -97,6 +101,14 @@ def compensate(backend: LockBackend, key: LockKey, owner: OwnerToken) -> None:
         log.debug("lock %r: compensating release got no answer", key.shown)
 
 
+def _refuse_in_loop(lock: Lock) -> None:
+    """Raise if an event loop runs in this thread: a wait would block it."""
+    _loops.refuse_blocking(
+        f"a blocking acquire of lock {lock.key.shown!r}",
+        "`async with` the lock (or `await lock.aacquire()`)",
+    )
+
+
 def _wait(
     lock: Lock,
     woken: threading.Event | None,
@@ -107,12 +119,7 @@ def _wait(
     Wait up to *seconds* for a wake-up (the watch's event, or the store's
     *waiter*, polled by this thread), honouring the cancel scope.
     """
-    # Only a wait would block an event loop: checked here, so an
-    # uncontended acquire does not pay for the look-up.
-    _loops.refuse_blocking(
-        f"a blocking acquire of lock {lock.key.shown!r}",
-        "`async with` the lock (or `await lock.aacquire()`)",
-    )
+    _refuse_in_loop(lock)  # A lock that may not wait can still be told to.
     clock = _clock.get_clock()
     if clock is not _clock.DEFAULT_CLOCK:
         clock.sleep(seconds)  # Virtual time: the clock must move.
