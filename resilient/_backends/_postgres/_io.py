@@ -6,6 +6,7 @@ over the statements of `resilient._backends._postgres._statements`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import threading
@@ -18,6 +19,7 @@ import psycopg
 import psycopg.errors
 from psycopg import waiting
 
+from resilient._backends._base import Busy, Grant
 from resilient._backends._kept import Kept
 from resilient._backends._postgres._statements import (
     MAX_RENEW_BATCH,
@@ -35,8 +37,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from resilient._backends._base import (
-        Busy,
-        Grant,
         LockKey,
         OwnerToken,
         ReleaseResult,
@@ -258,8 +258,24 @@ class PostgresBackend:
     def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
-        rows = self._run(self._sql.acquire(key, owner, ttl))
-        return Statements.read_acquire(rows, ttl)
+        return self.acquire_as(key, owner, ttl, threading.current_thread())
+
+    def acquire_as(
+        self, key: LockKey, owner: OwnerToken, ttl: float, who: object
+    ) -> Grant | Busy:
+        """`acquire` for *who* (a thread or task), in its turn in the
+        process's line for the lock (`WatchHub.begin`)."""
+        channel, hub = key.hex, self._hub
+        if not hub.begin(channel, who):
+            return Busy(None)
+        granted = False
+        try:
+            rows = self._run(self._sql.acquire(key, owner, ttl))
+            answer = Statements.read_acquire(rows, ttl)
+            granted = isinstance(answer, Grant)
+        finally:
+            hub.end(channel, who, granted=granted)
+        return answer
 
     def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
@@ -275,7 +291,13 @@ class PostgresBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(key.hex, notify)
+        return self.watch_as(key, notify, threading.current_thread())
+
+    def watch_as(
+        self, key: LockKey, notify: Callable[[], None], who: object
+    ) -> Callable[[], None]:
+        """`watch` for *who*: it joins the lock's line."""
+        return self._hub.watch(key.hex, notify, who)
 
     def close(self) -> None:
         """Close the kept connections; those in use close as their calls
@@ -419,8 +441,18 @@ class AsyncPostgresBackend:
     async def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
-        rows = await self._run(self._sql.acquire(key, owner, ttl))
-        return Statements.read_acquire(rows, ttl)
+        channel, hub = key.hex, self._hub
+        who = asyncio.current_task()
+        if not hub.begin(channel, who):
+            return Busy(None)
+        granted = False
+        try:
+            rows = await self._run(self._sql.acquire(key, owner, ttl))
+            answer = Statements.read_acquire(rows, ttl)
+            granted = isinstance(answer, Grant)
+        finally:
+            hub.end(channel, who, granted=granted)
+        return answer
 
     async def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
@@ -436,7 +468,7 @@ class AsyncPostgresBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(key.hex, notify)
+        return self._hub.watch(key.hex, notify, asyncio.current_task())
 
     async def aclose(self) -> None:
         """Close the kept connections; those in use close as their calls

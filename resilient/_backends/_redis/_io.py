@@ -6,8 +6,10 @@ client and `AsyncRedisBackend` on its asyncio client, over the commands of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import threading
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -16,6 +18,7 @@ import redis
 import redis.asyncio
 from redis import exceptions as rx
 
+from resilient._backends._base import Busy, Grant
 from resilient._backends._kept import Count, Kept
 from resilient._backends._redis._commands import (
     MAX_RENEW_BATCH,
@@ -33,8 +36,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from resilient._backends._base import (
-        Busy,
-        Grant,
         LockKey,
         OwnerToken,
         ReleaseResult,
@@ -184,8 +185,24 @@ class RedisBackend:
     def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
-        reply = self._run(self._commands.acquire(key, owner, ttl))
-        return Commands.read_acquire(reply, ttl)
+        return self.acquire_as(key, owner, ttl, threading.current_thread())
+
+    def acquire_as(
+        self, key: LockKey, owner: OwnerToken, ttl: float, who: object
+    ) -> Grant | Busy:
+        """`acquire` for *who* (a thread or task), in its turn in the
+        process's line for the lock (`WatchHub.begin`)."""
+        channel, hub = self._commands.channel(key), self._hub
+        if not hub.begin(channel, who):
+            return Busy(None)
+        granted = False
+        try:
+            reply = self._run(self._commands.acquire(key, owner, ttl))
+            answer = Commands.read_acquire(reply, ttl)
+            granted = isinstance(answer, Grant)
+        finally:
+            hub.end(channel, who, granted=granted)
+        return answer
 
     def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
@@ -200,7 +217,13 @@ class RedisBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(self._commands.channel(key), notify)
+        return self.watch_as(key, notify, threading.current_thread())
+
+    def watch_as(
+        self, key: LockKey, notify: Callable[[], None], who: object
+    ) -> Callable[[], None]:
+        """`watch` for *who*: it joins the lock's line."""
+        return self._hub.watch(self._commands.channel(key), notify, who)
 
     def close(self) -> None:
         """Close the kept connections; those in use close as their calls
@@ -326,8 +349,18 @@ class AsyncRedisBackend:
     async def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
-        reply = await self._run(self._commands.acquire(key, owner, ttl))
-        return Commands.read_acquire(reply, ttl)
+        channel, hub = self._commands.channel(key), self._hub
+        who = asyncio.current_task()
+        if not hub.begin(channel, who):
+            return Busy(None)
+        granted = False
+        try:
+            reply = await self._run(self._commands.acquire(key, owner, ttl))
+            answer = Commands.read_acquire(reply, ttl)
+            granted = isinstance(answer, Grant)
+        finally:
+            hub.end(channel, who, granted=granted)
+        return answer
 
     async def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
@@ -342,7 +375,8 @@ class AsyncRedisBackend:
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(self._commands.channel(key), notify)
+        channel = self._commands.channel(key)
+        return self._hub.watch(channel, notify, asyncio.current_task())
 
     async def aclose(self) -> None:
         """Close the kept connections; those in use close as their calls

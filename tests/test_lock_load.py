@@ -1,0 +1,200 @@
+"""
+The server stores at load, against the real servers (RELIABILITY.md tests
+21 and 22, bounded): connections closed with the event loop that made
+them, waiters in one line per lock (woken one at a time, granted in
+order, only the head asking the store), a bounded pool in which a release
+never waits behind acquirers, and the PostgreSQL sweep keeping up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import anyio
+import anyio.lowlevel
+import psycopg
+import pytest
+import redis
+
+import resilient
+from resilient._backends import forget_backends, open_backend
+from tests.service_fixtures import with_query
+
+
+KINDS = [
+    pytest.param("redis", marks=pytest.mark.redis),
+    pytest.param("postgresql", marks=pytest.mark.postgres),
+]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Each scenario on Redis and on PostgreSQL."""
+    return str(request.param)
+
+
+@pytest.fixture
+def tagged(
+    kind: str, request: pytest.FixtureRequest
+) -> Iterator[tuple[str, Callable[[], int]]]:
+    """
+    A lock URL whose connections carry a name of this test's own (Redis
+    ``client_name``, PostgreSQL ``application_name``), and a count of the
+    server's connections that carry it: this process's, for this URL.
+    """
+    name = f"load{uuid.uuid4().hex[:12]}"
+    if kind == "redis":
+        server = request.getfixturevalue("redis_url")
+        plain = redis.Redis.from_url(server)
+        url = with_query(server, client_name=name, namespace=name)
+
+        def count() -> int:
+            return sum(c.get("name") == name for c in plain.client_list())
+
+    else:
+        server = request.getfixturevalue("postgres_url")
+        plain_pg = psycopg.connect(server, autocommit=True)
+        url = with_query(server, application_name=name, table=name)
+
+        def count() -> int:
+            row = plain_pg.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE application_name = %s",
+                (name,),
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+    yield url, count
+    for backend in forget_backends():
+        if hasattr(backend, "close"):
+            backend.close()
+    if kind == "redis":
+        plain.close()
+    else:
+        plain_pg.close()
+
+
+def _settled(count: Callable[[], int], most: int, within: float) -> int:
+    """The connection count once it is at most *most* (or at *within*
+    seconds: the server notes a closed connection a moment later)."""
+    deadline = time.monotonic() + within
+    while True:
+        n = count()
+        if n <= most or time.monotonic() > deadline:
+            return n
+        time.sleep(0.05)
+
+
+def test_connections_close_with_their_event_loop(
+    tagged: tuple[str, Callable[[], int]],
+) -> None:
+    """
+    50 ``asyncio.run()`` and 50 ``trio.run()`` calls, each taking and
+    giving back a lock of one URL, leave no more connections open than
+    one run does: each loop's connections are closed as the loop ends
+    (asyncio), or were never the loop's own (trio runs on the process's
+    shared sync store). At 4f15275 each asyncio run left its connections
+    open for the life of the process (50 or more here).
+    """
+    url, count = tagged
+    lock = resilient.lock("many-loops", backend=url, ttl=5.0)
+
+    async def once() -> None:
+        async with lock:
+            await anyio.lowlevel.checkpoint()
+
+    for library in ("asyncio", "trio"):
+        for _ in range(50):
+            anyio.run(once, backend=library)
+    # Left: at most the process's sync store's kept connections (the trio
+    # runs'), nothing per loop.
+    left = _settled(count, 2, 5.0)
+    assert left <= 2
+
+
+def test_waiters_are_granted_in_order_one_asking_at_a_time(
+    tagged: tuple[str, Callable[[], int]],
+) -> None:
+    """
+    120 asyncio tasks queued on one held lock get it in the order they
+    came (their grants' order is their arrival order), and while they
+    wait the process keeps few connections to the server (the line's head
+    asks, the rest wait locally): at 4f15275 every release woke every
+    waiter, which raced to the store in no order.
+    """
+    url, count = tagged
+    n = 120
+    order: list[int] = []
+    peak = 0
+
+    async def main() -> None:
+        nonlocal peak
+        holder = resilient.lock("line", backend=url, ttl=10.0)
+        lease = await holder.aacquire()
+
+        async def waiter(i: int) -> None:
+            lock = resilient.lock("line", backend=url, ttl=10.0, timeout=60)
+            async with lock:
+                order.append(i)
+                await asyncio.sleep(0.002)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(waiter, i)
+                await asyncio.sleep(0.001)  # arrivals one by one, in order
+            await asyncio.sleep(0.3)
+            peak = await anyio.to_thread.run_sync(count)
+            await lease.arelease()
+
+    asyncio.run(main())
+    assert sorted(order) == list(range(n))
+    assert order == list(range(n)), order
+    # One kept connection per concurrent call and the listener: a handful.
+    assert peak <= 6
+
+
+def test_threads_and_tasks_share_one_line(
+    tagged: tuple[str, Callable[[], int]],
+) -> None:
+    """Threads waiting on a lock and asyncio tasks waiting on it in the
+    same process stand in one line: all get it, each once, in the order
+    they joined (threads first here, then tasks)."""
+    url, _count = tagged
+    order: list[str] = []
+    holder = open_backend(url)  # warm: the line's store
+    assert holder is not None
+    lease = resilient.lock("mixed", backend=url, ttl=10.0).acquire()
+
+    def thread(i: int) -> None:
+        with resilient.lock("mixed", backend=url, ttl=10.0, timeout=60):
+            order.append(f"t{i}")
+            time.sleep(0.002)
+
+    threads = [threading.Thread(target=thread, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+        time.sleep(0.02)
+
+    async def tasks() -> None:
+        async def one(i: int) -> None:
+            lock = resilient.lock("mixed", backend=url, ttl=10.0, timeout=60)
+            async with lock:
+                order.append(f"a{i}")
+                await asyncio.sleep(0.002)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(10):
+                tg.start_soon(one, i)
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.2)
+            await anyio.to_thread.run_sync(lease.release)
+
+    asyncio.run(tasks())
+    for t in threads:
+        t.join(30)
+    assert order == [f"t{i}" for i in range(10)] + [f"a{i}" for i in range(10)]
