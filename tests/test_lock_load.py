@@ -21,7 +21,14 @@ import pytest
 import redis
 
 import resilient
-from resilient._backends import forget_backends, open_backend
+from resilient._backends import (
+    Grant,
+    LockKey,
+    OwnerToken,
+    ReleaseResult,
+    forget_backends,
+    open_backend,
+)
 from tests.service_fixtures import with_query
 
 
@@ -198,3 +205,131 @@ def test_threads_and_tasks_share_one_line(
     for t in threads:
         t.join(30)
     assert order == [f"t{i}" for i in range(10)] + [f"a{i}" for i in range(10)]
+
+
+def _peak_while(count: Callable[[], int], work: Callable[[], None]) -> int:
+    """The most connections *count* saw (sampled every 10 ms) while *work*
+    ran in this thread."""
+    peak = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, count())
+            done.wait(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        work()
+    finally:
+        done.set()
+        sampler.join(5.0)
+    return max(peak, count())
+
+
+def test_connections_stay_within_the_bound_under_load(
+    tagged: tuple[str, Callable[[], int]],
+) -> None:
+    """
+    200 asyncio tasks and 20 threads each taking a lock of its own at once
+    (so no line holds them back: every one asks the store) keep this
+    process's connections to the server within the documented bound: 10
+    for the event loop, 10 for the threads' sync store, and the listener.
+    At 4f15275 each concurrent call opened a connection of its own (200
+    and more: a PostgreSQL server of 100 refused the rest).
+    """
+    url, count = tagged
+    errors: list[BaseException] = []
+
+    def thread(i: int) -> None:
+        try:
+            with resilient.lock(f"own-t{i}", backend=url, ttl=5.0, timeout=30):
+                time.sleep(0.002)
+        except BaseException as exc:
+            errors.append(exc)
+
+    async def tasks() -> None:
+        async def one(i: int) -> None:
+            lock = resilient.lock(
+                f"own-a{i}", backend=url, ttl=5.0, timeout=30
+            )
+            async with lock:
+                await asyncio.sleep(0.002)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(200):
+                tg.start_soon(one, i)
+
+    def work() -> None:
+        threads = [
+            threading.Thread(target=thread, args=(i,)) for i in range(20)
+        ]
+        for t in threads:
+            t.start()
+        asyncio.run(tasks())
+        for t in threads:
+            t.join(30)
+
+    peak = _peak_while(count, work)
+    assert not errors
+    assert peak <= 10 + 10 + 1, peak
+
+
+@pytest.mark.parametrize("library", ["sync", "asyncio"])
+def test_releases_are_not_refused_past_the_pool_size(
+    kind: str, tagged: tuple[str, Callable[[], int]], library: str
+) -> None:
+    """
+    With a pool of 3 connections (``max_connections=3``) and 40 holders of
+    40 locks releasing while others acquire, every release is answered
+    (none fails for want of a connection, none waits behind the acquirers)
+    and no lease is left on the store. At 4f15275 the Redis backend
+    refused calls past ``max_connections`` ("Too many connections"): the
+    failed releases left their leases to expire (the ttl, 30 s here), and
+    the PostgreSQL one had no bound at all.
+    """
+    url, _count = tagged
+    url = with_query(url, max_connections="3")
+    results: list[object] = []
+
+    def hold_sync(i: int) -> None:
+        lease = resilient.lock(
+            f"p{i}", backend=url, ttl=30.0, timeout=20
+        ).acquire()
+        time.sleep(0.005)
+        results.append(lease.release())
+
+    async def hold_async(i: int) -> None:
+        lock = resilient.lock(f"p{i}", backend=url, ttl=30.0, timeout=20)
+        lease = await lock.aacquire()
+        await asyncio.sleep(0.005)
+        results.append(await lease.arelease())
+
+    started = time.monotonic()
+    if library == "sync":
+        threads = [
+            threading.Thread(target=hold_sync, args=(i,)) for i in range(40)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    else:
+
+        async def main() -> None:
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(hold_async, i)
+
+        asyncio.run(main())
+    assert len(results) == 40
+    assert set(results) == {ReleaseResult.RELEASED}, results
+    assert time.monotonic() - started < 15.0
+    # Every lease is gone from the store: each release was answered.
+    backend = open_backend(url)
+    for i in range(40):
+        key = LockKey.of(f"p{i}")
+        answer = backend.acquire(key, OwnerToken(), 1.0)
+        assert isinstance(answer, Grant), f"lease p{i} was left on the store"

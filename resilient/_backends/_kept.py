@@ -4,6 +4,10 @@ and the count of a backend's open connections against its limit
 (`Count`): shared by the Redis and PostgreSQL backends, which keep their
 own connections out of their client libraries' pools.
 
+How many calls may hold a connection at once is `Slots` (threads) or
+`AsyncSlots` (one asyncio loop): a bounded pool, in which releases and
+renewals have `RESERVED` connections acquirers never take.
+
 A `Kept` is held by the backend's idle list or by the one call using it.
 It is closed by that owner, or else when the last reference to it goes
 (`__del__`): an interrupt that lands between an ``idle.pop()`` and the
@@ -16,10 +20,20 @@ finaliser (psycopg's warns), never held after its call.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+import asyncio
+import threading
+from typing import Any, ClassVar, Final
 
 
-__all__ = ["Count", "Kept"]
+__all__ = [
+    "DEFAULT_MAX",
+    "RESERVED",
+    "AsyncSlots",
+    "Count",
+    "Kept",
+    "Slot",
+    "Slots",
+]
 
 
 class Count:
@@ -77,3 +91,130 @@ class Kept:
             self.close()
         except Exception:  # noqa: BLE001, S110 - at exit, or half made
             pass
+
+
+#: Connections of a pool that only releases and renewals may use: a
+#: release never waits behind acquirers (with a pool of at least two).
+RESERVED: Final = 1
+
+#: Connections a server store opens per process (sync) or event loop
+#: (async) and URL, when the URL does not say (``max_connections``).
+DEFAULT_MAX: Final = 10
+
+
+class Slot:
+    """
+    One call's place among its pool's busy connections: taken by the
+    pool (`Slots.take`, `AsyncSlots.take`), given back by the call's
+    ``finally`` or, if an interrupt skipped that, when the call's frame
+    drops it (`__del__`), as `Kept` does for a connection.
+    """
+
+    __slots__ = ("held", "pool")
+
+    def __init__(self, pool: Slots | AsyncSlots) -> None:
+        self.pool = pool
+        self.held = False
+
+    def give(self) -> None:
+        """Give the place back, once."""
+        if self.held:
+            self.held = False
+            self.pool.give()
+
+    def __del__(self) -> None:
+        try:  # noqa: SIM105
+            self.give()
+        except Exception:  # noqa: BLE001, S110 - at exit, or half made
+            pass
+
+
+class Slots:
+    """
+    The bound of a sync pool: at most `limit` calls hold a connection at
+    once (so at most `limit` connections are open: a call makes one only
+    when none is idle), of which acquirers (`urgent` False) take at most
+    ``limit - RESERVED``; the others wait, within their call's limit, and
+    an urgent waiter is served first.
+    """
+
+    __slots__ = ("_cond", "busy", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.busy = 0
+        # Reentrant: a `Slot` dropped by a collection inside `take` gives
+        # its place back in the same thread.
+        self._cond = threading.Condition(threading.RLock())
+
+    def _cap(self, urgent: bool) -> int:
+        return self.limit if urgent else max(self.limit - RESERVED, 1)
+
+    def take(self, slot: Slot, seconds: float, *, urgent: bool) -> bool:
+        """Wait up to *seconds* for a place; False if none came."""
+        cap = self._cap(urgent)
+        with self._cond:
+            if self.busy >= cap and not self._cond.wait_for(
+                lambda: self.busy < cap, max(seconds, 0.0)
+            ):
+                return False
+            self.busy += 1
+            slot.held = True
+            return True
+
+    def give(self) -> None:
+        with self._cond:
+            self.busy -= 1
+            self._cond.notify_all()
+
+
+class AsyncSlots:
+    """`Slots` for the calls of one asyncio event loop: waiters queue in
+    order, urgent ones (releases, renewals) ahead of acquirers."""
+
+    __slots__ = ("_waiters", "busy", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.busy = 0
+        self._waiters: list[tuple[bool, asyncio.Future[None], Slot]] = []
+
+    def _cap(self, urgent: bool) -> int:
+        return self.limit if urgent else max(self.limit - RESERVED, 1)
+
+    async def take(self, slot: Slot, *, urgent: bool) -> None:
+        """Wait for a place (the caller bounds the wait in time)."""
+        if self.busy < self._cap(urgent) and not self._waiters:
+            self.busy += 1
+            slot.held = True
+            return
+        future = asyncio.get_running_loop().create_future()
+        waiter = (urgent, future, slot)
+        self._waiters.append(waiter)
+        try:
+            await future
+        finally:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                self._serve()
+
+    def give(self) -> None:
+        self.busy -= 1
+        self._serve()
+
+    def _serve(self) -> None:
+        """Hand free places to the waiters: urgent ones first, then the
+        others in order while they stay under their cap."""
+        waiters = self._waiters
+        while waiters:
+            pick = next((w for w in waiters if w[0]), None)
+            if pick is None or self.busy >= self.limit:
+                pick = waiters[0]
+                if self.busy >= self._cap(pick[0]):
+                    return
+            waiters.remove(pick)
+            if pick[1].done():  # Cancelled meanwhile.
+                continue
+            self.busy += 1
+            pick[2].held = True
+            pick[1].set_result(None)

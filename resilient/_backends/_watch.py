@@ -85,9 +85,6 @@ class WatchHub:
         self.name = name
         self._lock = threading.Lock()
         self._watchers: dict[str, list[_Entry]] = {}
-        # Requests out for a channel nobody waits on yet, and who sent the
-        # first (it goes to the line's head if it must wait).
-        self._asking: dict[str, tuple[int, object]] = {}
         self._thread: threading.Thread | None = None
         self._idle_since = time.monotonic()
         self._closed = threading.Event()
@@ -99,33 +96,29 @@ class WatchHub:
 
     def begin(self, channel: str, who: object) -> bool:
         """
-        Whether *who* may ask the store for *channel*'s lock now: it heads
-        the line, or nobody waits and no request of this process is out
-        (else it is told "busy" locally). A True must be followed by `end`.
+        Whether *who* may ask the store for *channel*'s lock now: nobody
+        waits in this process, or it heads the line (else it is told
+        "busy" locally, and joins the line when it watches). Nothing is
+        held between this and the answer: an interrupt between them
+        leaves no state behind.
         """
         now = time.monotonic()
         with self._lock:
             line = self._watchers.get(channel)
-            if line:
-                head = line[0]
-                if head.who is who:
-                    head.asked = now
-                elif now - head.asked < STALE:
-                    return False
-            elif channel in self._asking:
-                return False  # Another request is out: wait behind it.
-            count, first = self._asking.get(channel, (0, who))
-            self._asking[channel] = (count + 1, first)
-            return True
+            if not line:
+                return True
+            head = line[0]
+            if head.who is who:
+                head.asked = now
+                return True
+            return now - head.asked >= STALE
 
-    def end(self, channel: str, who: object, *, granted: bool) -> None:
-        """The request `begin` let through got its answer (or none)."""
+    def granted(self, channel: str, who: object) -> None:
+        """*who* got the lock: when it stops watching, the next one in
+        line is not woken (the holder's release will wake it)."""
         with self._lock:
-            count, first = self._asking.pop(channel, (1, None))
-            if count > 1:
-                self._asking[channel] = (count - 1, first)
             line = self._watchers.get(channel)
-            if granted and line and line[0].who is who:
+            if line and line[0].who is who:
                 line[0].granted = True
 
     def watch(
@@ -140,13 +133,7 @@ class WatchHub:
             self._after_fork()
         entry = _Entry(who, notify, time.monotonic())
         with self._lock:
-            line = self._watchers.setdefault(channel, [])
-            asking = self._asking.get(channel)
-            if who is not None and asking is not None and asking[1] is who:
-                # The one whose request was out first: first in line.
-                line.insert(0, entry)
-            else:
-                line.append(entry)
+            self._watchers.setdefault(channel, []).append(entry)
             if self._thread is None and not self._closed.is_set():
                 thread = threading.Thread(
                     target=self._run, name=f"resilient-{self.name}-watch"
@@ -183,7 +170,6 @@ class WatchHub:
         self._lock = threading.Lock()
         self._thread = None
         self._watchers = {}
-        self._asking = {}
         self._wake_r, self._wake_w = _pipe()
 
     def poke(self) -> None:

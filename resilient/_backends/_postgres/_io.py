@@ -20,7 +20,7 @@ import psycopg.errors
 from psycopg import waiting
 
 from resilient._backends._base import Busy, Grant
-from resilient._backends._kept import Kept
+from resilient._backends._kept import AsyncSlots, Kept, Slot, Slots
 from resilient._backends._postgres._statements import (
     MAX_RENEW_BATCH,
     Options,
@@ -121,6 +121,7 @@ class PostgresBackend:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
         self._hub, self._unhub = _hub(options, self._sql.channel)
+        self._slots = Slots(options.max_connections)
         self._idle: list[Kept] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
@@ -194,16 +195,26 @@ class PostgresBackend:
             while len(idle) > MAX_IDLE:
                 idle.pop(0).close()
 
-    def _run(self, query: Query) -> list[tuple[Any, ...]]:
+    def _run(
+        self, query: Query, *, urgent: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """One statement, once the pool has room for it (`Slots`: a
+        release or renewal is *urgent*, never behind acquirers)."""
+        slot = Slot(self._slots)
         try:
             try:
-                return self._run_once(query)
-            except psycopg.errors.UndefinedTable:
-                # First use: make the table, then run the statement again.
-                self._create(query.limit)
-                return self._run_once(query)
-        except (psycopg.Error, OSError, _WaitTimeout) as exc:
-            raise backend_error(exc, query, self._options) from exc
+                if not self._slots.take(slot, query.limit, urgent=urgent):
+                    raise TimeoutError("no free connection in time")
+                try:
+                    return self._run_once(query)
+                except psycopg.errors.UndefinedTable:
+                    # First use: make the table, then run it again.
+                    self._create(query.limit)
+                    return self._run_once(query)
+            except (psycopg.Error, OSError, _WaitTimeout) as exc:
+                raise backend_error(exc, query, self._options) from exc
+        finally:
+            slot.give()
 
     def _run_once(self, query: Query) -> list[tuple[Any, ...]]:
         deadline = time.monotonic() + query.limit
@@ -268,23 +279,20 @@ class PostgresBackend:
         channel, hub = key.hex, self._hub
         if not hub.begin(channel, who):
             return Busy(None)
-        granted = False
-        try:
-            rows = self._run(self._sql.acquire(key, owner, ttl))
-            answer = Statements.read_acquire(rows, ttl)
-            granted = isinstance(answer, Grant)
-        finally:
-            hub.end(channel, who, granted=granted)
+        rows = self._run(self._sql.acquire(key, owner, ttl))
+        answer = Statements.read_acquire(rows, ttl)
+        if isinstance(answer, Grant):
+            hub.granted(channel, who)
         return answer
 
     def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
             return []
-        rows = self._run(self._sql.renew(batch))
+        rows = self._run(self._sql.renew(batch), urgent=True)
         return Statements.read_renew(rows, len(batch))
 
     def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
-        rows = self._run(self._sql.release(key, owner))
+        rows = self._run(self._sql.release(key, owner), urgent=True)
         self._maybe_sweep()
         return Statements.read_release(rows)
 
@@ -319,6 +327,7 @@ class AsyncPostgresBackend:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
         self._hub, self._unhub = _hub(options, self._sql.channel)
+        self._slots = AsyncSlots(options.max_connections)
         self._idle: list[_AsyncConnection] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
@@ -336,15 +345,24 @@ class AsyncPostgresBackend:
             connect_timeout=_connect_seconds(limit),
         )
 
-    async def _run(self, query: Query) -> list[tuple[Any, ...]]:
+    async def _run(
+        self, query: Query, *, urgent: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """One statement, once `AsyncSlots` has room for it."""
+        slot = Slot(self._slots)
         try:
             try:
-                return await self._run_once(query)
-            except psycopg.errors.UndefinedTable:
-                await self._create(query.limit)
-                return await self._run_once(query)
-        except (psycopg.Error, OSError, _WaitTimeout) as exc:
-            raise backend_error(exc, query, self._options) from exc
+                with anyio.fail_after(query.limit):
+                    await self._slots.take(slot, urgent=urgent)
+                try:
+                    return await self._run_once(query)
+                except psycopg.errors.UndefinedTable:
+                    await self._create(query.limit)
+                    return await self._run_once(query)
+            except (psycopg.Error, OSError, _WaitTimeout) as exc:
+                raise backend_error(exc, query, self._options) from exc
+        finally:
+            slot.give()
 
     async def _run_once(self, query: Query) -> list[tuple[Any, ...]]:
         deadline = time.monotonic() + query.limit
@@ -445,23 +463,20 @@ class AsyncPostgresBackend:
         who = asyncio.current_task()
         if not hub.begin(channel, who):
             return Busy(None)
-        granted = False
-        try:
-            rows = await self._run(self._sql.acquire(key, owner, ttl))
-            answer = Statements.read_acquire(rows, ttl)
-            granted = isinstance(answer, Grant)
-        finally:
-            hub.end(channel, who, granted=granted)
+        rows = await self._run(self._sql.acquire(key, owner, ttl))
+        answer = Statements.read_acquire(rows, ttl)
+        if isinstance(answer, Grant):
+            hub.granted(channel, who)
         return answer
 
     async def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
             return []
-        rows = await self._run(self._sql.renew(batch))
+        rows = await self._run(self._sql.renew(batch), urgent=True)
         return Statements.read_renew(rows, len(batch))
 
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
-        rows = await self._run(self._sql.release(key, owner))
+        rows = await self._run(self._sql.release(key, owner), urgent=True)
         await self._maybe_sweep()
         return Statements.read_release(rows)
 

@@ -26,6 +26,7 @@ from resilient._backends._base import (
     url_secrets,
     url_where,
 )
+from resilient._backends._kept import DEFAULT_MAX
 from resilient._backends._postgres._watch import channel_of
 from resilient.exceptions import ConfigError, LockBackendError
 
@@ -143,20 +144,36 @@ class Options:
     timeout: float
     where: str
     secrets: tuple[str, ...] = ()
+    max_connections: int = DEFAULT_MAX
+
+
+def _url_count(value: str) -> int:
+    """A lock URL's ``max_connections=`` option (a whole number >= 1)."""
+    if not value.isdigit() or not 1 <= int(value) <= 10_000:
+        raise ConfigError(
+            "postgresql URL max_connections",
+            value[:32],
+            "must be a whole number from 1 to 10000",
+        )
+    return int(value)
 
 
 def parse_url(url: str) -> Options:
     """
-    Split our query parameters (``table``, ``timeout``) off *url*; the rest
-    goes to libpq. Errors name the parameter, never the URL.
+    Split our query parameters (``table``, ``timeout``,
+    ``max_connections``) off *url*; the rest goes to libpq. Errors name the
+    parameter, never the URL.
     """
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     rest: list[tuple[str, str]] = []
     table: tuple[str, ...] = ("resilient_locks",)
     timeout = DEFAULT_TIMEOUT
+    most = DEFAULT_MAX
     for name, value in query:
-        if name == "table":
+        if name == "max_connections":
+            most = _url_count(value)
+        elif name == "table":
             match = _TABLE.fullmatch(value)
             if match is None:
                 raise ConfigError(
@@ -174,7 +191,9 @@ def parse_url(url: str) -> Options:
         query=urllib.parse.urlencode(rest, quote_via=urllib.parse.quote),
         scheme=scheme or parts.scheme,
     ).geturl()
-    return Options(driver, table, timeout, url_where(url), url_secrets(url))
+    return Options(
+        driver, table, timeout, url_where(url), url_secrets(url), most
+    )
 
 
 @final
