@@ -21,6 +21,7 @@ from psycopg import waiting
 
 from resilient._backends._base import Busy, Grant
 from resilient._backends._kept import AsyncSlots, Kept, Slot, Slots
+from resilient._backends._postgres import _statements
 from resilient._backends._postgres._statements import (
     MAX_RENEW_BATCH,
     Options,
@@ -31,6 +32,7 @@ from resilient._backends._postgres._statements import (
 )
 from resilient._backends._postgres._watch import PostgresHub
 from resilient._backends._watch import WatchHub, hub_for
+from resilient.exceptions import LockBackendError
 
 
 if TYPE_CHECKING:
@@ -257,14 +259,17 @@ class PostgresBackend:
             self._keep(idle)
 
     def _maybe_sweep(self) -> None:
+        """Sweep once `SWEEP_EVERY` seconds, and again at the next release
+        while a sweep finds a full batch (so that 10,000 names a minute are
+        swept as fast as they come, a bounded statement at a time)."""
         now = time.monotonic()
         if now < self._next_sweep:
             return
         self._next_sweep = now + SWEEP_EVERY
-        with contextlib.suppress(psycopg.Error, OSError, _WaitTimeout):
-            self._run_once(
-                Query(self._sql.sweep, {}, self._sql.limit(math.inf))
-            )
+        with contextlib.suppress(LockBackendError):
+            query = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
+            if _behind(self._run(query)):
+                self._next_sweep = now
 
     def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
@@ -447,14 +452,15 @@ class AsyncPostgresBackend:
             await self._trim(idle)
 
     async def _maybe_sweep(self) -> None:
+        """`PostgresBackend._maybe_sweep`, awaited."""
         now = time.monotonic()
         if now < self._next_sweep:
             return
         self._next_sweep = now + SWEEP_EVERY
-        with contextlib.suppress(psycopg.Error, OSError, _WaitTimeout):
-            await self._run_once(
-                Query(self._sql.sweep, {}, self._sql.limit(math.inf))
-            )
+        with contextlib.suppress(LockBackendError):
+            query = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
+            if _behind(await self._run(query)):
+                self._next_sweep = now
 
     async def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
@@ -496,6 +502,11 @@ class AsyncPostgresBackend:
 #: The advisory lock key that serialises the creation of lease tables
 #: (two sessions running CREATE TABLE IF NOT EXISTS at once can collide).
 _CREATE_LOCK: Final = 0x7265_7369_6C6F_636B  # b"resilock"
+
+
+def _behind(rows: list[tuple[Any, ...]]) -> bool:
+    """Whether a sweep deleted a full batch (more may be waiting)."""
+    return bool(rows) and int(rows[0][0]) >= _statements.SWEEP_BATCH
 
 
 def _hub(

@@ -55,6 +55,10 @@ DEFAULT_TIMEOUT: Final = 2.0
 #: How long a row stays free or expired before a sweep may delete it.
 SWEEP_AFTER: Final = "60 seconds"
 
+#: The most rows one sweep deletes (one statement, bounded in time); a
+#: sweep that deleted this many is followed by another at the next release.
+SWEEP_BATCH: Final = 1000
+
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE = re.compile(rf"({_IDENT})(?:\.({_IDENT}))?")
 
@@ -114,14 +118,15 @@ WITH gone AS (
         SELECT key FROM {table}
         WHERE key <> ''::bytea
             AND expires_at < clock_timestamp() - interval '{after}'
-        LIMIT 1000 FOR UPDATE SKIP LOCKED)
+        LIMIT {batch} FOR UPDATE SKIP LOCKED)
     RETURNING fence
+), floor AS (
+    INSERT INTO {table} AS t (key, owner, fence, expires_at)
+    SELECT ''::bytea, NULL, max(fence), 'infinity' FROM gone
+    HAVING count(*) > 0
+    ON CONFLICT (key) DO UPDATE SET fence = greatest(t.fence, excluded.fence)
 )
-INSERT INTO {table} AS t (key, owner, fence, expires_at)
-SELECT ''::bytea, NULL, max(fence), 'infinity' FROM gone
-HAVING count(*) > 0
-ON CONFLICT (key) DO UPDATE SET fence = greatest(t.fence, excluded.fence)
-RETURNING t.fence"""
+SELECT count(*) FROM gone"""
 
 # SQLSTATEs (or their two-character classes) worth trying again.
 _RETRYABLE_STATES: Final = frozenset(
@@ -231,7 +236,10 @@ class Statements:
 
         def render(text: str) -> bytes:
             return text.format(
-                table=ident, after=SWEEP_AFTER, channel=self.channel
+                table=ident,
+                after=SWEEP_AFTER,
+                batch=SWEEP_BATCH,
+                channel=self.channel,
             ).encode()
 
         self.timeout = timeout
