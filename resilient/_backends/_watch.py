@@ -55,6 +55,10 @@ LINGER: Final = 2.0
 #: waiting behind it (a watch left unstopped by an interrupt).
 STALE: Final = 2.0
 
+#: Seconds within which the store's notice of a release made in this
+#: process is taken for the echo of the local wake-up it already gave.
+ECHO: Final = 0.25
+
 #: Reconnection backoff after the listening connection failed, in seconds.
 RETRY_FIRST: Final = 0.05
 RETRY_CAP: Final = 1.0
@@ -85,6 +89,8 @@ class WatchHub:
         self.name = name
         self._lock = threading.Lock()
         self._watchers: dict[str, list[_Entry]] = {}
+        # Releases made here, told already: their store notices are echoes.
+        self._echoes: dict[str, tuple[int, float]] = {}
         self._thread: threading.Thread | None = None
         self._idle_since = time.monotonic()
         self._closed = threading.Event()
@@ -170,6 +176,7 @@ class WatchHub:
         self._lock = threading.Lock()
         self._thread = None
         self._watchers = {}
+        self._echoes = {}
         self._wake_r, self._wake_w = _pipe()
 
     def poke(self) -> None:
@@ -184,9 +191,24 @@ class WatchHub:
         with self._lock:
             return set(self._watchers)
 
-    def tell(self, channel: str) -> None:
-        """Notify the head of *channel*'s line (the lock was released)."""
+    def tell(self, channel: str, *, here: bool = False) -> None:
+        """
+        Notify the head of *channel*'s line: the lock was released. A
+        release made *here*, in this process, tells at once (the head need
+        not wait for the store's notice), and one store notice per such
+        release, within `ECHO` seconds, is taken for its echo and not told
+        again (a notice that overtook its release's reply is told, and a
+        later one swallowed instead: a waiter then looks on its backoff).
+        """
+        now = time.monotonic()
         with self._lock:
+            count, since = self._echoes.pop(channel, (0, now))
+            if here:
+                self._echoes[channel] = (count + 1, now)
+            elif count and now - since < ECHO:
+                if count > 1:
+                    self._echoes[channel] = (count - 1, since)
+                return
             line = self._watchers.get(channel)
             notify = line[0].notify if line else None
         if notify is not None:

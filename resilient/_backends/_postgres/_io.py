@@ -19,7 +19,7 @@ import psycopg
 import psycopg.errors
 from psycopg import waiting
 
-from resilient._backends._base import Busy, Grant
+from resilient._backends._base import Busy, Grant, ReleaseResult
 from resilient._backends._kept import AsyncSlots, Kept, Slot, Slots
 from resilient._backends._postgres import _statements
 from resilient._backends._postgres._statements import (
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from resilient._backends._base import (
         LockKey,
         OwnerToken,
-        ReleaseResult,
         Renewal,
     )
 
@@ -298,8 +297,12 @@ class PostgresBackend:
 
     def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         rows = self._run(self._sql.release(key, owner), urgent=True)
+        result = Statements.read_release(rows)
+        if result is ReleaseResult.RELEASED:
+            # The head of this process's line need not wait for NOTIFY.
+            self._hub.tell(key.hex, here=True)
         self._maybe_sweep()
-        return Statements.read_release(rows)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
@@ -483,8 +486,11 @@ class AsyncPostgresBackend:
 
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         rows = await self._run(self._sql.release(key, owner), urgent=True)
+        result = Statements.read_release(rows)
+        if result is ReleaseResult.RELEASED:
+            self._hub.tell(key.hex, here=True)
         await self._maybe_sweep()
-        return Statements.read_release(rows)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]

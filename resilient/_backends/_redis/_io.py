@@ -19,7 +19,7 @@ import redis
 import redis.asyncio
 from redis import exceptions as rx
 
-from resilient._backends._base import Busy, Grant
+from resilient._backends._base import Busy, Grant, ReleaseResult
 from resilient._backends._kept import (
     DEFAULT_MAX,
     AsyncSlots,
@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from resilient._backends._base import (
         LockKey,
         OwnerToken,
-        ReleaseResult,
         Renewal,
     )
 
@@ -238,7 +237,13 @@ class RedisBackend:
 
     def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         reply = self._run(self._commands.release(key, owner), urgent=True)
-        return Commands.read_release(reply)
+        return self._released(key, Commands.read_release(reply))
+
+    def _released(self, key: LockKey, result: ReleaseResult) -> ReleaseResult:
+        """Wake the head of this process's line for *key* at once."""
+        if result is ReleaseResult.RELEASED:
+            self._hub.tell(self._commands.channel(key), here=True)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
@@ -408,7 +413,10 @@ class AsyncRedisBackend:
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         command = self._commands.release(key, owner)
         reply = await self._run(command, urgent=True)
-        return Commands.read_release(reply)
+        result = Commands.read_release(reply)
+        if result is ReleaseResult.RELEASED:
+            self._hub.tell(self._commands.channel(key), here=True)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
