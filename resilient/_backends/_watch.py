@@ -158,10 +158,13 @@ class WatchHub:
                     line.remove(entry)
                     if not line:
                         del self._watchers[channel]
-                    elif was_head and not entry.granted:
-                        # It left without the lock: the next one looks.
-                        after = line[0]
-                        after.asked = time.monotonic()
+                    elif was_head:
+                        # The next one heads the line from now (its wait
+                        # so far does not make it stale).
+                        line[0].asked = time.monotonic()
+                        if not entry.granted:
+                            # It left without the lock: the next one looks.
+                            after = line[0]
                 if not self._watchers:
                     self._idle_since = time.monotonic()
             if after is not None:

@@ -282,7 +282,7 @@ class PostgresBackend:
         process's line for the lock (`WatchHub.begin`)."""
         channel, hub = key.hex, self._hub
         if not hub.begin(channel, who):
-            return Busy(None)
+            return Busy(None, queued=True)
         rows = self._run(self._sql.acquire(key, owner, ttl))
         answer = Statements.read_acquire(rows, ttl)
         if isinstance(answer, Grant):
@@ -471,7 +471,7 @@ class AsyncPostgresBackend:
         channel, hub = key.hex, self._hub
         who = asyncio.current_task()
         if not hub.begin(channel, who):
-            return Busy(None)
+            return Busy(None, queued=True)
         rows = await self._run(self._sql.acquire(key, owner, ttl))
         answer = Statements.read_acquire(rows, ttl)
         if isinstance(answer, Grant):

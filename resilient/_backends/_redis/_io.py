@@ -222,7 +222,7 @@ class RedisBackend:
         process's line for the lock (`WatchHub.begin`)."""
         channel, hub = self._commands.channel(key), self._hub
         if not hub.begin(channel, who):
-            return Busy(None)
+            return Busy(None, queued=True)
         reply = self._run(self._commands.acquire(key, owner, ttl))
         answer = Commands.read_acquire(reply, ttl)
         if isinstance(answer, Grant):
@@ -397,7 +397,7 @@ class AsyncRedisBackend:
         channel, hub = self._commands.channel(key), self._hub
         who = asyncio.current_task()
         if not hub.begin(channel, who):
-            return Busy(None)
+            return Busy(None, queued=True)
         reply = await self._run(self._commands.acquire(key, owner, ttl))
         answer = Commands.read_acquire(reply, ttl)
         if isinstance(answer, Grant):
