@@ -25,6 +25,7 @@ import pytest
 import redis
 
 import resilient
+from resilient import _backends
 from resilient._backends import (
     Grant,
     LockKey,
@@ -122,6 +123,8 @@ def test_connections_close_with_their_event_loop(
     for library in ("asyncio", "trio"):
         for _ in range(50):
             anyio.run(once, backend=library)
+    # No backend is kept for a loop that ended.
+    assert not [key for key in _backends._ASYNC if key[0] == url]
     # Left: at most the process's sync store's kept connections (the trio
     # runs'), nothing per loop.
     left = _settled(count, 2, 5.0)

@@ -21,7 +21,6 @@ from psycopg import waiting
 
 from resilient._backends._base import Busy, Grant, ReleaseResult
 from resilient._backends._kept import AsyncSlots, Kept, Slot, Slots
-from resilient._backends._postgres import _statements
 from resilient._backends._postgres._statements import (
     MAX_RENEW_BATCH,
     Options,
@@ -29,9 +28,9 @@ from resilient._backends._postgres._statements import (
     Statements,
     _WaitTimeout,
     backend_error,
+    swept_full,
 )
-from resilient._backends._postgres._watch import PostgresHub
-from resilient._backends._watch import WatchHub, hub_for
+from resilient._backends._postgres._watch import store_hub
 from resilient.exceptions import LockBackendError
 
 
@@ -121,7 +120,7 @@ class PostgresBackend:
     def __init__(self, options: Options) -> None:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
-        self._hub, self._unhub = _hub(options, self._sql.channel)
+        self._hub, self._unhub = store_hub(options, self._sql.channel)
         self._slots = Slots(options.max_connections)
         self._idle: list[Kept] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
@@ -267,7 +266,7 @@ class PostgresBackend:
         self._next_sweep = now + SWEEP_EVERY
         with contextlib.suppress(LockBackendError):
             query = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
-            if _behind(self._run(query)):
+            if swept_full(self._run(query)):
                 self._next_sweep = now
 
     def acquire(
@@ -334,7 +333,7 @@ class AsyncPostgresBackend:
     def __init__(self, options: Options) -> None:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
-        self._hub, self._unhub = _hub(options, self._sql.channel)
+        self._hub, self._unhub = store_hub(options, self._sql.channel)
         self._slots = AsyncSlots(options.max_connections)
         self._idle: list[_AsyncConnection] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
@@ -462,7 +461,7 @@ class AsyncPostgresBackend:
         self._next_sweep = now + SWEEP_EVERY
         with contextlib.suppress(LockBackendError):
             query = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
-            if _behind(await self._run(query)):
+            if swept_full(await self._run(query)):
                 self._next_sweep = now
 
     async def acquire(
@@ -508,19 +507,3 @@ class AsyncPostgresBackend:
 #: The advisory lock key that serialises the creation of lease tables
 #: (two sessions running CREATE TABLE IF NOT EXISTS at once can collide).
 _CREATE_LOCK: Final = 0x7265_7369_6C6F_636B  # b"resilock"
-
-
-def _behind(rows: list[tuple[Any, ...]]) -> bool:
-    """Whether a sweep deleted a full batch (more may be waiting)."""
-    return bool(rows) and int(rows[0][0]) >= _statements.SWEEP_BATCH
-
-
-def _hub(
-    options: Options, channel: str
-) -> tuple[WatchHub, Callable[[], None]]:
-    """The process's wake-up hub of the table *options* name (shared by its
-    sync and async backends), and the release a backend calls at close."""
-    return hub_for(
-        ("postgresql", options.driver_url, channel),
-        lambda: PostgresHub(options.driver_url, channel, options.timeout),
-    )

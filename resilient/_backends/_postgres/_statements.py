@@ -44,6 +44,7 @@ __all__ = [
     "Statements",
     "backend_error",
     "parse_url",
+    "swept_full",
 ]
 
 #: Leases renewed by one statement.
@@ -344,3 +345,8 @@ def _refused_login(message: str) -> str | None:
         if pattern.search(message):
             return state
     return None
+
+
+def swept_full(rows: list[tuple[Any, ...]]) -> bool:
+    """Whether a sweep deleted a full batch (more may be waiting)."""
+    return bool(rows) and int(rows[0][0]) >= SWEEP_BATCH
