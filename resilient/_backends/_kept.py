@@ -21,7 +21,9 @@ finaliser (psycopg's warns), never held after its call.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
+import weakref
 from typing import Any, ClassVar, Final
 
 
@@ -33,6 +35,7 @@ __all__ = [
     "Kept",
     "Slot",
     "Slots",
+    "fresh_after_fork",
 ]
 
 
@@ -218,3 +221,23 @@ class AsyncSlots:
             self.busy += 1
             pick[2].held = True
             pick[1].set_result(None)
+
+
+# Backends whose bound starts afresh in a forked child: the parent's calls
+# in flight at the fork hold places the child would never get back.
+_OWNERS: Final[weakref.WeakSet[Any]] = weakref.WeakSet()
+
+
+def fresh_after_fork(backend: Any) -> None:
+    """Give *backend*'s ``_slots`` a fresh bound in a forked child."""
+    _OWNERS.add(backend)
+
+
+def _after_fork_in_child() -> None:  # pragma: no cover - in a forked child
+    for backend in list(_OWNERS):
+        slots = backend._slots  # noqa: SLF001
+        backend._slots = type(slots)(slots.limit)  # noqa: SLF001
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

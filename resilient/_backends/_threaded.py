@@ -19,17 +19,18 @@ watches stand in the lock's line as the calling task (`acquire_as`,
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Final, final
 
 import anyio.to_thread
 import sniffio
+
+from resilient._backends._base import Busy
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from resilient._backends._base import (
-        Busy,
         Grant,
         LockBackend,
         LockKey,
@@ -66,8 +67,13 @@ class ThreadedAsyncBackend:
             return await anyio.to_thread.run_sync(
                 self._backend.acquire, key, owner, ttl, abandon_on_cancel=True
             )
+        who = _task()
+        # Asked here, in the loop's thread, so that the line is joined in
+        # the order the tasks came, not the order worker threads ran.
+        if self._backend.queued(key, who):  # type: ignore[attr-defined]
+            return _QUEUED
         answer: Grant | Busy = await anyio.to_thread.run_sync(
-            acquire_as, key, owner, ttl, _task(), abandon_on_cancel=True
+            acquire_as, key, owner, ttl, who, abandon_on_cancel=True
         )
         return answer
 
@@ -94,6 +100,9 @@ class ThreadedAsyncBackend:
         """Close the sync backend this one was made with, if it owns it."""
         if self._owns:
             await anyio.to_thread.run_sync(self._backend.close)
+
+
+_QUEUED: Final = Busy(None, queued=True)
 
 
 def _task() -> object:

@@ -180,6 +180,7 @@ class WatchHub:
         self._thread = None
         self._watchers = {}
         self._echoes = {}
+        self._closed = threading.Event()
         self._wake_r, self._wake_w = _pipe()
 
     def poke(self) -> None:
@@ -340,3 +341,16 @@ def hub_for(
             hub.close()
 
     return hub, release
+
+
+def _after_fork_in_child() -> None:  # pragma: no cover - in a forked child
+    """A forked child has no hub thread and none of the parent's waiters;
+    the locks may have been held by a parent thread at the fork."""
+    global _HUBS_LOCK  # noqa: PLW0603
+    _HUBS_LOCK = threading.Lock()
+    for hub in list(_HUBS.values()):
+        hub._after_fork()  # noqa: SLF001
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

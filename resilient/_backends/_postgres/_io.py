@@ -20,7 +20,13 @@ import psycopg.errors
 from psycopg import waiting
 
 from resilient._backends._base import Busy, Grant, ReleaseResult
-from resilient._backends._kept import AsyncSlots, Kept, Slot, Slots
+from resilient._backends._kept import (
+    AsyncSlots,
+    Kept,
+    Slot,
+    Slots,
+    fresh_after_fork,
+)
 from resilient._backends._postgres._statements import (
     MAX_RENEW_BATCH,
     Options,
@@ -122,6 +128,7 @@ class PostgresBackend:
         self._sql = Statements(options.table, options.timeout)
         self._hub, self._unhub = store_hub(options, self._sql.channel)
         self._slots = Slots(options.max_connections)
+        fresh_after_fork(self)
         self._idle: list[Kept] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
@@ -198,8 +205,7 @@ class PostgresBackend:
     def _run(
         self, query: Query, *, urgent: bool = False
     ) -> list[tuple[Any, ...]]:
-        """One statement, once the pool has room for it (`Slots`: a
-        release or renewal is *urgent*, never behind acquirers)."""
+        """One statement, once `Slots` has room (*urgent*: go first)."""
         slot = Slot(self._slots)
         try:
             try:
@@ -265,8 +271,8 @@ class PostgresBackend:
             return
         self._next_sweep = now + SWEEP_EVERY
         with contextlib.suppress(LockBackendError):
-            query = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
-            if swept_full(self._run(query)):
+            sweep = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
+            if swept_full(self._run(sweep)):
                 self._next_sweep = now
 
     def acquire(
@@ -277,8 +283,7 @@ class PostgresBackend:
     def acquire_as(
         self, key: LockKey, owner: OwnerToken, ttl: float, who: object
     ) -> Grant | Busy:
-        """`acquire` for *who* (a thread or task), in its turn in the
-        process's line for the lock (`WatchHub.begin`)."""
+        """`acquire` for *who*, in its turn in its process's line."""
         channel, hub = key.hex, self._hub
         if not hub.begin(channel, who):
             return Busy(None, queued=True)
@@ -308,6 +313,10 @@ class PostgresBackend:
     ) -> Callable[[], None]:
         return self.watch_as(key, notify, threading.current_thread())
 
+    def queued(self, key: LockKey, who: object) -> bool:
+        """Whether others of this process are ahead of *who* in line."""
+        return not self._hub.begin(key.hex, who)
+
     def watch_as(
         self, key: LockKey, notify: Callable[[], None], who: object
     ) -> Callable[[], None]:
@@ -335,6 +344,7 @@ class AsyncPostgresBackend:
         self._sql = Statements(options.table, options.timeout)
         self._hub, self._unhub = store_hub(options, self._sql.channel)
         self._slots = AsyncSlots(options.max_connections)
+        fresh_after_fork(self)
         self._idle: list[_AsyncConnection] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False

@@ -250,6 +250,10 @@ class RedisBackend:
     ) -> Callable[[], None]:
         return self.watch_as(key, notify, threading.current_thread())
 
+    def queued(self, key: LockKey, who: object) -> bool:
+        """Whether others of this process are ahead of *who* in line."""
+        return not self._hub.begin(self._commands.channel(key), who)
+
     def watch_as(
         self, key: LockKey, notify: Callable[[], None], who: object
     ) -> Callable[[], None]:
