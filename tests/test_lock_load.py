@@ -9,11 +9,14 @@ never waits behind acquirers, and the PostgreSQL sweep keeping up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
+import os
 import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -387,3 +390,61 @@ def test_many_waiters_on_one_lock(
     assert load.peak_connections <= bench.BOUND
     assert load.displacement <= 10, load.order
     assert load.seconds <= 3 * load.bar + 2.0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_uses_the_store_afresh(
+    tagged: tuple[str, Callable[[], int]],
+) -> None:
+    """
+    A child forked while the parent holds a lock and a parent thread waits
+    in its line (the hub's thread and the line exist) starts with no line
+    (the parent's waiter is not in the child's) and a fresh pool: it takes
+    another lock at once and is refused the held one within its timeout.
+    """
+    url, _count = tagged
+    held = resilient.lock("forked", backend=url, ttl=10.0).acquire()
+    stop = threading.Event()
+
+    def wait() -> None:
+        lock = resilient.lock("forked", backend=url, ttl=10.0, timeout=5)
+        with contextlib.suppress(resilient.LockNotAcquired), lock:
+            stop.wait(5)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.3)  # the waiter stands in line
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # 3.12+
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            # No line of the parent's came along (its waiter is not ours).
+            if open_backend(url)._hub._watchers:  # type: ignore[attr-defined]
+                os._exit(3)
+            with resilient.lock("other", backend=url, ttl=5.0, timeout=5):
+                pass
+            refused: list[float] = []
+
+            def look() -> None:
+                # From a thread of its own: this thread holds "forked" in
+                # the parent's records (section 5's business, not this).
+                start = time.monotonic()
+                lock = resilient.lock("forked", backend=url, timeout=0.3)
+                with contextlib.suppress(resilient.LockNotAcquired):
+                    lock.acquire()
+                    return
+                refused.append(time.monotonic() - start)
+
+            looker = threading.Thread(target=look)
+            looker.start()
+            looker.join(10)
+            code = 0 if refused and refused[0] < 3 else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    held.release()
+    stop.set()
+    waiter.join(10)
+    assert os.waitstatus_to_exitcode(status) == 0
