@@ -21,8 +21,10 @@ finaliser (psycopg's warns), never held after its call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
+import time
 import weakref
 from typing import Any, ClassVar, Final
 
@@ -107,120 +109,119 @@ DEFAULT_MAX: Final = 10
 
 class Slot:
     """
-    One call's place among its pool's busy connections: taken by the
-    pool (`Slots.take`, `AsyncSlots.take`), given back by the call's
-    ``finally`` or, if an interrupt skipped that, when the call's frame
-    drops it (`__del__`), as `Kept` does for a connection.
+    One call's place among its pool's busy connections. The pool counts
+    the places of live slots that are `held` (through weak references with
+    no callback), so a place is given back by the call's ``finally``
+    (`give`) or, if an interrupt skipped that, when the call's frame drops
+    the slot: no finaliser runs, no count can be left wrong.
     """
 
-    __slots__ = ("held", "pool")
+    __slots__ = ("__weakref__", "held", "pool")
 
     def __init__(self, pool: Slots | AsyncSlots) -> None:
         self.pool = pool
         self.held = False
 
     def give(self) -> None:
-        """Give the place back, once."""
+        """Give the place back (once: a second call does nothing)."""
         if self.held:
             self.held = False
-            self.pool.give()
-
-    def __del__(self) -> None:
-        try:  # noqa: SIM105
-            self.give()
-        except Exception:  # noqa: BLE001, S110 - at exit, or half made
-            pass
+            self.pool.freed()
 
 
-class Slots:
+#: How often a waiter for a place looks again when nobody tells it (a
+#: place freed by a dropped slot tells nobody).
+LOOK_AGAIN: Final = 0.05
+
+
+class _Places:
+    """The held slots of a pool, by weak reference, and its caps."""
+
+    __slots__ = ("_held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: list[weakref.ref[Slot]] = []
+
+    @property
+    def busy(self) -> int:
+        """Places held by live slots (the dead and given are dropped)."""
+        held = [r for r in self._held if (s := r()) is not None and s.held]
+        self._held = held
+        return len(held)
+
+    def _cap(self, urgent: bool) -> int:
+        return self.limit if urgent else max(self.limit - RESERVED, 1)
+
+    def _hold(self, slot: Slot) -> None:
+        slot.held = True
+        self._held.append(weakref.ref(slot))
+
+
+class Slots(_Places):
     """
     The bound of a sync pool: at most `limit` calls hold a connection at
     once (so at most `limit` connections are open: a call makes one only
     when none is idle), of which acquirers (`urgent` False) take at most
-    ``limit - RESERVED``; the others wait, within their call's limit, and
-    an urgent waiter is served first.
+    ``limit - RESERVED``; the others wait, within their call's limit.
     """
 
-    __slots__ = ("_cond", "busy", "limit")
+    __slots__ = ("_cond",)
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.busy = 0
-        # Reentrant: a `Slot` dropped by a collection inside `take` gives
-        # its place back in the same thread.
-        self._cond = threading.Condition(threading.RLock())
-
-    def _cap(self, urgent: bool) -> int:
-        return self.limit if urgent else max(self.limit - RESERVED, 1)
+        super().__init__(limit)
+        self._cond = threading.Condition(threading.Lock())
 
     def take(self, slot: Slot, seconds: float, *, urgent: bool) -> bool:
         """Wait up to *seconds* for a place; False if none came."""
         cap = self._cap(urgent)
+        deadline = time.monotonic() + max(seconds, 0.0)
         with self._cond:
-            if self.busy >= cap and not self._cond.wait_for(
-                lambda: self.busy < cap, max(seconds, 0.0)
-            ):
-                return False
-            self.busy += 1
-            slot.held = True
+            while self.busy >= cap:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(min(left, LOOK_AGAIN))
+            self._hold(slot)
             return True
 
-    def give(self) -> None:
+    def freed(self) -> None:
+        """A place was given back: wake the waiters."""
         with self._cond:
-            self.busy -= 1
             self._cond.notify_all()
 
 
-class AsyncSlots:
-    """`Slots` for the calls of one asyncio event loop: waiters queue in
-    order, urgent ones (releases, renewals) ahead of acquirers."""
+class AsyncSlots(_Places):
+    """`Slots` for the calls of one asyncio event loop: urgent waiters
+    (releases, renewals) go ahead of acquirers."""
 
-    __slots__ = ("_waiters", "busy", "limit")
+    __slots__ = ("_freed", "_urgent")
 
     def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.busy = 0
-        self._waiters: list[tuple[bool, asyncio.Future[None], Slot]] = []
-
-    def _cap(self, urgent: bool) -> int:
-        return self.limit if urgent else max(self.limit - RESERVED, 1)
+        super().__init__(limit)
+        self._urgent = 0
+        self._freed: asyncio.Event | None = None
 
     async def take(self, slot: Slot, *, urgent: bool) -> None:
         """Wait for a place (the caller bounds the wait in time)."""
-        if self.busy < self._cap(urgent) and not self._waiters:
-            self.busy += 1
-            slot.held = True
-            return
-        future = asyncio.get_running_loop().create_future()
-        waiter = (urgent, future, slot)
-        self._waiters.append(waiter)
-        try:
-            await future
-        finally:
-            if waiter in self._waiters:
-                self._waiters.remove(waiter)
-                self._serve()
+        cap = self._cap(urgent)
+        while self.busy >= cap or (self._urgent and not urgent):
+            freed = self._freed
+            if freed is None:
+                freed = self._freed = asyncio.Event()
+            self._urgent += urgent
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(freed.wait(), LOOK_AGAIN)
+            finally:
+                self._urgent -= urgent
+        self._hold(slot)
 
-    def give(self) -> None:
-        self.busy -= 1
-        self._serve()
-
-    def _serve(self) -> None:
-        """Hand free places to the waiters: urgent ones first, then the
-        others in order while they stay under their cap."""
-        waiters = self._waiters
-        while waiters:
-            pick = next((w for w in waiters if w[0]), None)
-            if pick is None or self.busy >= self.limit:
-                pick = waiters[0]
-                if self.busy >= self._cap(pick[0]):
-                    return
-            waiters.remove(pick)
-            if pick[1].done():  # Cancelled meanwhile.
-                continue
-            self.busy += 1
-            pick[2].held = True
-            pick[1].set_result(None)
+    def freed(self) -> None:
+        """A place was given back: wake the waiters."""
+        freed, self._freed = self._freed, None
+        if freed is not None:
+            freed.set()
 
 
 # Backends whose bound starts afresh in a forked child: the parent's calls
