@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -236,7 +235,12 @@ def run_load(  # noqa: C901, PLR0915, PLR0917
         started = time.monotonic()
         await holder.arelease()
         await asyncio.gather(*pending)
-        await asyncio.to_thread(lambda: [t.join(120) for t in workers])
+
+        def join() -> None:
+            for t in workers:
+                t.join(120)
+
+        await asyncio.to_thread(join)
         return time.monotonic() - started
 
     sampler = threading.Thread(target=sample)
@@ -264,7 +268,7 @@ def _servers(args: argparse.Namespace) -> tuple[dict[str, str], list[Any]]:
 
             binary = services.find_binary("redis-server")
             assert binary, "redis-server not found: pass --redis-url"
-            folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
+            folder = services.temporary_folder("bench-load-")
             server = services.RedisServer(binary, folder / "redis").start()
             started.append(server)
             urls["redis"] = server.url
@@ -274,11 +278,11 @@ def _servers(args: argparse.Namespace) -> tuple[dict[str, str], list[Any]]:
         else:
             from tests import services
 
-            folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
-            server = services.PostgresTemplate(folder / "pg").spawn("pg1")
-            server.start()
-            started.append(server)
-            urls["postgresql"] = server.url
+            folder = services.temporary_folder("bench-load-")
+            pg = services.PostgresTemplate(folder / "pg").spawn("pg1")
+            pg.start()
+            started.append(pg)
+            urls["postgresql"] = pg.url
     return urls, started
 
 
