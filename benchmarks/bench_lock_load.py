@@ -12,7 +12,8 @@ the lock, holds it ``--hold-ms`` and releases it. Measured per backend:
   the documented bound: ``max_connections`` (10) for the event loop, 10
   for the threads' sync store, and one listener;
 - time: from the holder's release to the last release, against 1.2x the
-  sum of the holds plus one hand-over each, a hand-over being the median
+  sum of the holds (as they lasted: an asyncio sleep of 2 ms lasts longer
+  on a loaded machine) plus one hand-over each, a hand-over being the median
   release-to-grant latency of two waiters of this process taking turns
   (measured first, ``--handover-rounds`` times);
 - errors: ``LockNotAcquired('unavailable')`` and every other failure;
@@ -72,11 +73,14 @@ class Load:
     unavailable: int = 0
     errors: list[str] = field(default_factory=list)
     order: list[int] = field(default_factory=list)
+    held: float = 0.0
+    """The holds as they lasted (an asyncio sleep of 2 ms lasts longer)."""
 
     @property
     def bar(self) -> float:
-        """1.2x the holds plus one hand-over each."""
-        return 1.2 * self.waiters * (self.hold + self.handover)
+        """1.2x the holds (as they lasted) plus one hand-over each."""
+        holds = max(self.held, self.waiters * self.hold)
+        return 1.2 * (holds + self.waiters * self.handover)
 
     @property
     def displacement(self) -> int:
@@ -194,7 +198,9 @@ def run_load(  # noqa: C901, PLR0915, PLR0917
             seat(who)
             with lock:
                 grants.append(who)
+                began = time.monotonic()
                 time.sleep(hold)
+                result.held += time.monotonic() - began
         except Exception as exc:
             failed(exc)
 
@@ -207,7 +213,9 @@ def run_load(  # noqa: C901, PLR0915, PLR0917
                 seat(who)
                 async with lock:
                     grants.append(who)
+                    began = time.monotonic()
                     await asyncio.sleep(hold)
+                    result.held += time.monotonic() - began
             except Exception as exc:
                 failed(exc)
 
@@ -319,9 +327,9 @@ def main() -> None:
                 f"{kind}: {load.waiters} waiters ({args.tasks} tasks,"
                 f" {args.threads} threads), {args.hold_ms:g} ms holds\n"
                 f"  time            {load.seconds:.3f} s"
-                f" (bar {load.bar:.3f} s:"
-                f" 1.2 x {load.waiters} x ({hold * 1000:g} ms hold +"
-                f" {base * 1000:.3f} ms hand-over))"
+                f" (bar {load.bar:.3f} s: 1.2 x ({load.held:.3f} s of holds"
+                f" as they lasted, {load.waiters} x {hold * 1000:g} ms asked,"
+                f" + {load.waiters} x {base * 1000:.3f} ms hand-over))"
                 f" {'met' if load.seconds <= load.bar else 'MISSED'}\n"
                 f"  connections     peak {load.peak_connections}"
                 f" (bound {BOUND})"
