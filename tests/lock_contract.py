@@ -323,11 +323,13 @@ class BackendContract:
         assert backend.release(key, again) is ReleaseResult.RELEASED
         assert not woken.wait(0.1)
 
-    def test_watchers_of_one_lock_all_wake_and_others_do_not(
+    def test_watchers_of_one_lock_first_wakes_and_others_do_not(
         self, lock_backend_url: str
     ) -> None:
-        """Every watcher of a released lock is told (threads of one process
-        share the store's wake-ups); a watcher of another lock is not."""
+        """The first watcher of a released lock is told (threads of one
+        process share the store's wake-ups; a store may wake the others
+        only in turn, as the server stores do); a watcher of another lock
+        is not."""
         backend = open_backend(lock_backend_url)
         key, other = fresh_key(), fresh_key()
         owner = OwnerToken()
@@ -343,7 +345,7 @@ class BackendContract:
             for event in (*events, unrelated):
                 settle_watch(event)
             assert backend.release(key, owner) is ReleaseResult.RELEASED
-            assert all(e.wait(5.0) for e in events)
+            assert events[0].wait(5.0)
             assert not unrelated.wait(0.1)
         finally:
             for stop in stops:

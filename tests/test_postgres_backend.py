@@ -8,6 +8,7 @@ on the sync twin and the async twin (asyncio, and trio through threads).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -246,3 +247,59 @@ def test_terminated_session_is_retryable(
         shell.release(key, owner)
     assert info.value.retryable
     assert shell.release(key, owner) is ReleaseResult.RELEASED
+
+
+@pytest.mark.parametrize("library", ["sync", "asyncio"])
+def test_the_sweep_keeps_up_with_many_names(
+    postgres_url: str, raw: psycopg.Connection, table: str, library: str
+) -> None:
+    """
+    A table holding 5,000 rows due for the sweep (what 10,000 names a
+    minute leave behind) is swept within a few releases, a bounded batch
+    (`SWEEP_BATCH`) per release, not one batch a minute: a sweep that
+    finds a full batch sweeps again at the next release. At 4f15275 a
+    process deleted at most 1,000 rows a minute, so such a table grew
+    without bound.
+    """
+    url = with_query(postgres_url, table=table)
+    keys = [LockKey.of(f"k{i}") for i in range(8)]
+
+    def seed() -> None:
+        raw.execute(
+            f"INSERT INTO {table} (key, owner, fence, expires_at)"  # noqa: S608
+            " SELECT sha256(i::text::bytea), NULL, i,"
+            " clock_timestamp() - interval '2 minutes'"
+            " FROM generate_series(1, 5000) AS i"
+        )
+
+    def rows() -> int:
+        row = raw.execute(f"SELECT count(*) FROM {table}").fetchone()  # noqa: S608
+        assert row is not None
+        return int(row[0])
+
+    if library == "sync":
+        backend = _postgres.sync_backend(url)
+        try:
+            backend.release(keys[0], OwnerToken())  # makes the table
+            seed()
+            backend._next_sweep = 0.0  # type: ignore[attr-defined]  # due now
+            for key in keys:
+                backend.release(key, OwnerToken())
+        finally:
+            backend.close()
+    else:
+
+        async def main() -> None:
+            backend = _postgres.async_backend(url)
+            try:
+                await backend.release(keys[0], OwnerToken())
+                seed()
+                backend._next_sweep = 0.0  # type: ignore[attr-defined]
+                for key in keys:
+                    await backend.release(key, OwnerToken())
+            finally:
+                await backend.aclose()
+
+        asyncio.run(main())
+    # The floor row is all that is left.
+    assert rows() <= 1

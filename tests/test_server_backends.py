@@ -13,7 +13,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
+import anyio
 import pytest
 
 import resilient
@@ -638,3 +640,64 @@ def test_where_a_store_is_names_no_secret() -> None:
     secrets = url_secrets("redis://:p%40ss@h/0")
     assert set(secrets) == {"p%40ss", "p@ss"}
     assert hide("bad p@ss and p%40ss", secrets) == "bad (secret) and (secret)"
+
+
+# A lost lease's exit -------------------------------------------------------
+
+
+@pytest.mark.parametrize("library", ["sync", "asyncio"])
+def test_a_lost_lease_sends_its_release_once_to_a_hanging_store(
+    kind: str,
+    fault_server: RedisServer | PostgresServer,
+    library: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """
+    A block whose lease was lost while the store hangs (every reply held
+    back) raises `LockLost` at its exit and sends its release once: the
+    release that got no answer is not sent a second time by the exit's
+    clean-up. At 4f15275 the scope's `LockLost` sent the exit down its
+    interrupt path, which released again (two sends, each waiting out the
+    store's timeout).
+    """
+    sent: list[str] = []
+    sync_cls = (
+        _redis.RedisBackend if kind == "redis" else _postgres.PostgresBackend
+    )
+    async_cls = (
+        _redis.AsyncRedisBackend
+        if kind == "redis"
+        else _postgres.AsyncPostgresBackend
+    )
+    sync_release, async_release = sync_cls.release, async_cls.release
+
+    def counted(self: Any, key: LockKey, owner: OwnerToken) -> ReleaseResult:
+        sent.append("sync")
+        return sync_release(self, key, owner)
+
+    async def acounted(
+        self: Any, key: LockKey, owner: OwnerToken
+    ) -> ReleaseResult:
+        sent.append("async")
+        return await async_release(self, key, owner)
+
+    monkeypatch.setattr(sync_cls, "release", counted)
+    monkeypatch.setattr(async_cls, "release", acounted)
+    with FaultProxy(fault_server.port) as proxy:
+        url = _proxied(kind, proxy, 0.3)
+        lock = resilient.lock(f"lost-once-{library}", backend=url, ttl=1.0)
+        if library == "sync":
+            with pytest.raises(resilient.LockLost), lock:
+                proxy.blackhole()
+                time.sleep(2.0)
+        else:
+
+            async def main() -> None:
+                with pytest.raises(resilient.LockLost):
+                    async with lock:
+                        proxy.blackhole()
+                        await anyio.sleep(2.0)
+
+            anyio.run(main, backend="asyncio")
+        proxy.heal()
+    assert len(sent) == 1, sent

@@ -6,7 +6,7 @@ Lock backends, loaded by URL scheme only when a URL asks for one.
 neither redis nor psycopg is imported unless a ``redis://`` or
 ``postgresql://`` lock is made. Backends are shared per URL in a process (one
 connection pool and one renewer per backend); an async backend is shared per
-URL and event loop.
+URL and event loop, and closed with its loop (`async_backend`).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from resilient.exceptions import ConfigError, ConfigTypeError
 
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
     from types import ModuleType
 
 
@@ -73,8 +74,10 @@ BACKENDS: Final[Registry[LockBackend, None]] = Registry(
 )
 
 _LOCK = threading.Lock()
-# Async backends belong to one event loop each: by (URL, loop).
+# Async backends belong to one event loop each: by (URL, loop), with the
+# async generator whose finalisation closes them with their loop.
 _ASYNC: dict[tuple[str, object], AsyncLockBackend] = {}
+_CLOSERS: dict[int, object] = {}
 
 
 def scheme_of(url: object, field: str = "LockConfig.backend") -> str:
@@ -126,14 +129,58 @@ def open_backend(url: str) -> LockBackend:
 def async_backend(url: str, loop: object) -> AsyncLockBackend:
     """
     The async backend for *url* in the event loop *loop* (any hashable
-    token of the running loop), made on first use.
+    token of the running loop), made on first use; call it from a task of
+    that loop.
+
+    It is closed (its connections with it) and forgotten when the loop
+    ends: an async generator started here is finalised by the loop's own
+    shutdown of async generators (``asyncio.run``, ``trio.run``, anyio),
+    while the loop still runs, and its ``finally`` closes the backend. A
+    loop closed without that shutdown keeps its backend until
+    `forget_backends`.
     """
     with _LOCK:
         backend = _ASYNC.get((url, loop))
-        if backend is None:
-            backend = _module(url, "LockConfig.backend").async_backend(url)
-            _ASYNC[url, loop] = backend
+    if backend is not None:
         return backend
+    made: AsyncLockBackend = _module(url, "LockConfig.backend").async_backend(
+        url
+    )
+    closer = _close_with_loop(url, loop, made)
+    with _LOCK:
+        backend = _ASYNC.get((url, loop))
+        if backend is None:
+            _ASYNC[url, loop] = backend = made
+            _CLOSERS[id(made)] = closer
+    if backend is made:
+        _start(closer)
+    return backend
+
+
+async def _close_with_loop(
+    url: str, loop: object, backend: AsyncLockBackend
+) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        with _LOCK:
+            if _ASYNC.get((url, loop)) is backend:
+                del _ASYNC[url, loop]
+            _CLOSERS.pop(id(backend), None)
+        await backend.aclose()
+
+
+def _start(closer: AsyncIterator[None]) -> None:
+    """Run *closer* to its ``yield``: the running loop's first-iteration
+    hook now tracks it, to finalise it when the loop shuts down."""
+    step = closer.__anext__()
+    try:
+        step.send(None)  # type: ignore[attr-defined]
+    except StopIteration:
+        return
+    raise RuntimeError(
+        "the closer awaited before its yield"
+    )  # pragma: no cover
 
 
 _forgotten = 0
@@ -155,4 +202,6 @@ def forget_backends() -> list[LockBackend | AsyncLockBackend]:
         ]
         BACKENDS.clear()
         _ASYNC.clear()
+        # The closers stay until their loops end (dropping a suspended one
+        # would ask a loop that may be closed to finalise it).
     return gone

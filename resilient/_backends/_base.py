@@ -69,6 +69,9 @@ __all__ = [
 #: Random bytes in an owner token (160 bits, above the 128 the issue asks).
 OWNER_BYTES: Final = 20
 
+#: Seconds a waiter behind others in its process's line sleeps unless woken.
+QUEUED_LOOK: Final = 1.0
+
 #: How much of a lock's name reprs, spans and errors show.
 SHOWN_NAME: Final = NAME_LIMIT
 
@@ -189,9 +192,14 @@ class Busy:
         expires_in: Seconds until the holder's lease expires on the store
             if it is not renewed, when the store says (else `None`); a
             waiter need not look again before then unless woken.
+        queued: Answered by this process's line for the lock, not the
+            store: others in this process wait ahead of this waiter, which
+            is woken when it heads the line (it looks again only after
+            `QUEUED_LOOK` seconds, as a safety net).
     """
 
     expires_in: float | None = None
+    queued: bool = False
 
 
 @final

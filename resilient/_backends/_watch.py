@@ -2,12 +2,24 @@
 Wake-ups for waiters of a server store: one listening connection per store
 in a process, shared by every waiter (threads, asyncio tasks, trio tasks).
 
-A `WatchHub` keeps the waiters' callbacks by channel and runs one daemon
-thread that holds the store's listening connection (Redis ``SUBSCRIBE``,
-PostgreSQL ``LISTEN``); the store-specific part is `WatchHub._serve`. The
-thread starts with the first watcher and ends (closing its connection)
-once nobody has watched for `LINGER` seconds, or when the last backend
-using the hub is closed.
+A `WatchHub` keeps the waiters of each channel (one lock) in a queue, in
+the order they came, and runs one daemon thread that holds the store's
+listening connection (Redis ``SUBSCRIBE``, PostgreSQL ``LISTEN``); the
+store-specific part is `WatchHub._serve`. The thread starts with the first
+watcher and ends (closing its connection) once nobody has watched for
+`LINGER` seconds, or when the last backend using the hub is closed.
+
+**One at a time, in order.** The queue is the process's line in front of
+the store for that lock: only its head asks the store (`begin` says who
+may), a release wakes only the head, and the next waiter becomes head when
+the head stops watching (woken at once if the head left without the lock).
+A newcomer while others wait, or while another request of this process is
+out for the lock, is answered "busy" without a round trip, and joins the
+line's tail when it watches. So a thousand waiters cost the store one
+request per hand-over, not a thousand, and they get the lock first come,
+first served (within the process; processes still race at the store). A
+head that has not asked for `STALE` seconds (its task gone without
+stopping its watch) no longer holds the line up: everyone may ask again.
 
 Wake-ups are hints, never the truth: a waiter woken looks again with an
 acquire, and a waiter never woken looks again on its backoff (or when the
@@ -39,21 +51,46 @@ log = logging.getLogger("resilient.lock")
 #: Seconds the listening connection stays open with nobody watching.
 LINGER: Final = 2.0
 
+#: Seconds after which a head that has not asked the store stops the others
+#: waiting behind it (a watch left unstopped by an interrupt).
+STALE: Final = 2.0
+
+#: Seconds within which the store's notice of a release made in this
+#: process is taken for the echo of the local wake-up it already gave.
+ECHO: Final = 0.25
+
 #: Reconnection backoff after the listening connection failed, in seconds.
 RETRY_FIRST: Final = 0.05
 RETRY_CAP: Final = 1.0
 
 
+class _Entry:
+    """One waiter in a channel's line: who waits (a thread or a task), how
+    to wake it, when it last asked the store, whether it got the lock."""
+
+    __slots__ = ("asked", "granted", "notify", "who")
+
+    def __init__(
+        self, who: object, notify: Callable[[], None], now: float
+    ) -> None:
+        self.who = who
+        self.notify = notify
+        self.asked = now
+        self.granted = False
+
+
 class WatchHub:
     """
-    The callbacks of one store's waiters, by channel, and the thread that
+    The lines of one store's waiters, by channel, and the thread that
     listens for them. Subclasses give `_serve` (one connection's life).
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._lock = threading.Lock()
-        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._watchers: dict[str, list[_Entry]] = {}
+        # Releases made here, told already: their store notices are echoes.
+        self._echoes: dict[str, tuple[int, float]] = {}
         self._thread: threading.Thread | None = None
         self._idle_since = time.monotonic()
         self._closed = threading.Event()
@@ -63,14 +100,46 @@ class WatchHub:
 
     # -- what waiters call (never blocks, never raises) ---------------------
 
+    def begin(self, channel: str, who: object) -> bool:
+        """
+        Whether *who* may ask the store for *channel*'s lock now: nobody
+        waits in this process, or it heads the line (else it is told
+        "busy" locally, and joins the line when it watches). Nothing is
+        held between this and the answer: an interrupt between them
+        leaves no state behind.
+        """
+        now = time.monotonic()
+        with self._lock:
+            line = self._watchers.get(channel)
+            if not line:
+                return True
+            head = line[0]
+            if head.who is who:
+                head.asked = now
+                return True
+            return now - head.asked >= STALE
+
+    def granted(self, channel: str, who: object) -> None:
+        """*who* got the lock: when it stops watching, the next one in
+        line is not woken (the holder's release will wake it)."""
+        with self._lock:
+            line = self._watchers.get(channel)
+            if line and line[0].who is who:
+                line[0].granted = True
+
     def watch(
-        self, channel: str, notify: Callable[[], None]
+        self,
+        channel: str,
+        notify: Callable[[], None],
+        who: object = None,
     ) -> Callable[[], None]:
-        """Call *notify* when *channel* is told; returns the unwatch."""
+        """Call *notify* when *channel* is told and *who* heads its line;
+        returns the unwatch."""
         if self._pid != os.getpid():  # pragma: no cover - in a forked child
             self._after_fork()
+        entry = _Entry(who, notify, time.monotonic())
         with self._lock:
-            self._watchers.setdefault(channel, []).append(notify)
+            self._watchers.setdefault(channel, []).append(entry)
             if self._thread is None and not self._closed.is_set():
                 thread = threading.Thread(
                     target=self._run, name=f"resilient-{self.name}-watch"
@@ -81,14 +150,25 @@ class WatchHub:
         self.poke()
 
         def stop() -> None:
+            after: _Entry | None = None
             with self._lock:
-                notifies = self._watchers.get(channel)
-                if notifies is not None and notify in notifies:
-                    notifies.remove(notify)
-                    if not notifies:
+                line = self._watchers.get(channel)
+                if line is not None and entry in line:
+                    was_head = line[0] is entry
+                    line.remove(entry)
+                    if not line:
                         del self._watchers[channel]
+                    elif was_head:
+                        # The next one heads the line from now (its wait
+                        # so far does not make it stale).
+                        line[0].asked = time.monotonic()
+                        if not entry.granted:
+                            # It left without the lock: the next one looks.
+                            after = line[0]
                 if not self._watchers:
                     self._idle_since = time.monotonic()
+            if after is not None:
+                _call(after.notify)
             self.poke()
 
         return stop
@@ -99,6 +179,8 @@ class WatchHub:
         self._lock = threading.Lock()
         self._thread = None
         self._watchers = {}
+        self._echoes = {}
+        self._closed = threading.Event()
         self._wake_r, self._wake_w = _pipe()
 
     def poke(self) -> None:
@@ -113,17 +195,34 @@ class WatchHub:
         with self._lock:
             return set(self._watchers)
 
-    def tell(self, channel: str) -> None:
-        """Notify every waiter of *channel*."""
+    def tell(self, channel: str, *, here: bool = False) -> None:
+        """
+        Notify the head of *channel*'s line: the lock was released. A
+        release made *here*, in this process, tells at once (the head need
+        not wait for the store's notice), and one store notice per such
+        release, within `ECHO` seconds, is taken for its echo and not told
+        again (a notice that overtook its release's reply is told, and a
+        later one swallowed instead: a waiter then looks on its backoff).
+        """
+        now = time.monotonic()
         with self._lock:
-            notifies = list(self._watchers.get(channel, ()))
-        for notify in notifies:
+            count, since = self._echoes.pop(channel, (0, now))
+            if here:
+                self._echoes[channel] = (count + 1, now)
+            elif count and now - since < ECHO:
+                if count > 1:
+                    self._echoes[channel] = (count - 1, since)
+                return
+            line = self._watchers.get(channel)
+            notify = line[0].notify if line else None
+        if notify is not None:
             _call(notify)
 
     def tell_all(self) -> None:
-        """Notify every waiter (a spurious wake-up: see the module)."""
+        """Notify the head of every line (a spurious wake-up: see the
+        module)."""
         with self._lock:
-            notifies = [n for ns in self._watchers.values() for n in ns]
+            notifies = [line[0].notify for line in self._watchers.values()]
         for notify in notifies:
             _call(notify)
 
@@ -242,3 +341,16 @@ def hub_for(
             hub.close()
 
     return hub, release
+
+
+def _after_fork_in_child() -> None:  # pragma: no cover - in a forked child
+    """A forked child has no hub thread and none of the parent's waiters;
+    the locks may have been held by a parent thread at the fork."""
+    global _HUBS_LOCK  # noqa: PLW0603
+    _HUBS_LOCK = threading.Lock()
+    for hub in list(_HUBS.values()):
+        hub._after_fork()  # noqa: SLF001
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -211,7 +211,10 @@ async def aleave(
                 shut_block(entry[0])
             finally:
                 try:
-                    await entry[0].arelease()
+                    # Unless a release was sent and settled (an answer,
+                    # or none: UNKNOWN is not sent twice by one exit).
+                    if entry[0]._released is None:  # noqa: SLF001
+                        await entry[0].arelease()
                 finally:
                     lock.forget([entry[0]])
         raise

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Final, final
 
 import attrs
 
+from resilient._backends._base import QUEUED_LOOK
+
 
 if TYPE_CHECKING:
     import random
@@ -108,7 +110,10 @@ class Acquisition:
         if left <= 0:
             return GiveUp(self._limit())
         delay = self._config.backoff.delay(self.tries - 1, 0.0, self._rng)
-        if busy.expires_in is not None:
+        if busy.queued:
+            # Behind others of this process: woken when at the head.
+            delay = QUEUED_LOOK
+        elif busy.expires_in is not None:
             # No point sleeping past the holder's expiry: try right after.
             delay = min(delay, max(busy.expires_in, 0.0) + 0.0005)
         return Wait(max(min(delay, left), 0.0))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from typing import TYPE_CHECKING
 
 from resilient._lock._renew_task import TaskRenewer
@@ -43,7 +44,11 @@ if TYPE_CHECKING:
 
 
 _THREADS: dict[int, ThreadRenewer] = {}
-_TASKS: dict[int, TaskRenewer] = {}
+# Weakly: a loop's backend is closed and dropped with its loop, and its
+# renewer with it (the renewer's task and its leases hold it meanwhile).
+_TASKS: weakref.WeakValueDictionary[int, TaskRenewer] = (
+    weakref.WeakValueDictionary()
+)
 _LOCK = threading.Lock()
 
 

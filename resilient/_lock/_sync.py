@@ -195,7 +195,10 @@ def leave(
                 shut_block(entry[0])
             finally:
                 try:
-                    entry[0].release()
+                    # Unless a release was sent and settled (an answer,
+                    # or none: UNKNOWN is not sent twice by one exit).
+                    if entry[0]._released is None:  # noqa: SLF001
+                        entry[0].release()
                 finally:
                     lock.forget([entry[0]])
         raise

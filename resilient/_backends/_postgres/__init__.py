@@ -24,7 +24,9 @@ which is the start of the transaction).
 server clock in µs)`` in the acquiring upsert, where ``floor`` is the fence
 of a reserved row (``key = ''``) that holds the highest fence of every row
 ever deleted. A release only marks the row free (``owner = NULL``); a sweep
-(at most once a minute per process, a thousand rows at a time) deletes rows
+(at a release, once a minute per process, a thousand rows at a time;
+again at the next release while a sweep finds a full thousand, so the
+sweep keeps up with any rate of new names) deletes rows
 that have been free or expired for `SWEEP_AFTER` and folds their fences
 into the floor in the same statement. So a name with a row counts up from
 its row, a name without one counts up from the floor, tokens never go
@@ -124,4 +126,8 @@ def async_backend(url: str) -> AsyncLockBackend:
         library = "asyncio"
     if library == "asyncio":
         return AsyncPostgresBackend(options)
-    return ThreadedAsyncBackend(PostgresBackend(options))
+    # The process's sync backend of the URL, shared: a run of this loop
+    # opens no connection that could outlive it.
+    from resilient._backends import open_backend  # noqa: PLC0415
+
+    return ThreadedAsyncBackend(open_backend(url), owns=False)

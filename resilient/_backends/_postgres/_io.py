@@ -6,6 +6,7 @@ over the statements of `resilient._backends._postgres._statements`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import threading
@@ -18,7 +19,14 @@ import psycopg
 import psycopg.errors
 from psycopg import waiting
 
-from resilient._backends._kept import Kept
+from resilient._backends._base import Busy, Grant, ReleaseResult
+from resilient._backends._kept import (
+    AsyncSlots,
+    Kept,
+    Slot,
+    Slots,
+    fresh_after_fork,
+)
 from resilient._backends._postgres._statements import (
     MAX_RENEW_BATCH,
     Options,
@@ -26,20 +34,18 @@ from resilient._backends._postgres._statements import (
     Statements,
     _WaitTimeout,
     backend_error,
+    swept_full,
 )
-from resilient._backends._postgres._watch import PostgresHub
-from resilient._backends._watch import WatchHub, hub_for
+from resilient._backends._postgres._watch import store_hub
+from resilient.exceptions import LockBackendError
 
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from resilient._backends._base import (
-        Busy,
-        Grant,
         LockKey,
         OwnerToken,
-        ReleaseResult,
         Renewal,
     )
 
@@ -120,7 +126,9 @@ class PostgresBackend:
     def __init__(self, options: Options) -> None:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
-        self._hub, self._unhub = _hub(options, self._sql.channel)
+        self._hub, self._unhub = store_hub(options, self._sql.channel)
+        self._slots = Slots(options.max_connections)
+        fresh_after_fork(self)
         self._idle: list[Kept] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
@@ -194,16 +202,25 @@ class PostgresBackend:
             while len(idle) > MAX_IDLE:
                 idle.pop(0).close()
 
-    def _run(self, query: Query) -> list[tuple[Any, ...]]:
+    def _run(
+        self, query: Query, *, urgent: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """One statement, once `Slots` has room (*urgent*: go first)."""
+        slot = Slot(self._slots)
         try:
             try:
-                return self._run_once(query)
-            except psycopg.errors.UndefinedTable:
-                # First use: make the table, then run the statement again.
-                self._create(query.limit)
-                return self._run_once(query)
-        except (psycopg.Error, OSError, _WaitTimeout) as exc:
-            raise backend_error(exc, query, self._options) from exc
+                if not self._slots.take(slot, query.limit, urgent=urgent):
+                    raise TimeoutError("no free connection in time")
+                try:
+                    return self._run_once(query)
+                except psycopg.errors.UndefinedTable:
+                    # First use: make the table, then run it again.
+                    self._create(query.limit)
+                    return self._run_once(query)
+            except (psycopg.Error, OSError, _WaitTimeout) as exc:
+                raise backend_error(exc, query, self._options) from exc
+        finally:
+            slot.give()
 
     def _run_once(self, query: Query) -> list[tuple[Any, ...]]:
         deadline = time.monotonic() + query.limit
@@ -246,36 +263,65 @@ class PostgresBackend:
             self._keep(idle)
 
     def _maybe_sweep(self) -> None:
+        """Sweep once `SWEEP_EVERY` seconds, and again at the next release
+        while a sweep finds a full batch (so that 10,000 names a minute are
+        swept as fast as they come, a bounded statement at a time)."""
         now = time.monotonic()
         if now < self._next_sweep:
             return
         self._next_sweep = now + SWEEP_EVERY
-        with contextlib.suppress(psycopg.Error, OSError, _WaitTimeout):
-            self._run_once(
-                Query(self._sql.sweep, {}, self._sql.limit(math.inf))
-            )
+        with contextlib.suppress(LockBackendError):
+            sweep = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
+            if swept_full(self._run(sweep)):
+                self._next_sweep = now
 
     def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
+        return self.acquire_as(key, owner, ttl, threading.current_thread())
+
+    def acquire_as(
+        self, key: LockKey, owner: OwnerToken, ttl: float, who: object
+    ) -> Grant | Busy:
+        """`acquire` for *who*, in its turn in its process's line."""
+        channel, hub = key.hex, self._hub
+        if not hub.begin(channel, who):
+            return Busy(None, queued=True)
         rows = self._run(self._sql.acquire(key, owner, ttl))
-        return Statements.read_acquire(rows, ttl)
+        answer = Statements.read_acquire(rows, ttl)
+        if isinstance(answer, Grant):
+            hub.granted(channel, who)
+        return answer
 
     def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
             return []
-        rows = self._run(self._sql.renew(batch))
+        rows = self._run(self._sql.renew(batch), urgent=True)
         return Statements.read_renew(rows, len(batch))
 
     def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
-        rows = self._run(self._sql.release(key, owner))
+        rows = self._run(self._sql.release(key, owner), urgent=True)
+        result = Statements.read_release(rows)
+        if result is ReleaseResult.RELEASED:
+            # The head of this process's line need not wait for NOTIFY.
+            self._hub.tell(key.hex, here=True)
         self._maybe_sweep()
-        return Statements.read_release(rows)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(key.hex, notify)
+        return self.watch_as(key, notify, threading.current_thread())
+
+    def queued(self, key: LockKey, who: object) -> bool:
+        """Whether others of this process are ahead of *who* in line."""
+        return not self._hub.begin(key.hex, who)
+
+    def watch_as(
+        self, key: LockKey, notify: Callable[[], None], who: object
+    ) -> Callable[[], None]:
+        """`watch` for *who*: it joins the lock's line."""
+        return self._hub.watch(key.hex, notify, who)
 
     def close(self) -> None:
         """Close the kept connections; those in use close as their calls
@@ -296,7 +342,9 @@ class AsyncPostgresBackend:
     def __init__(self, options: Options) -> None:
         self._options = options
         self._sql = Statements(options.table, options.timeout)
-        self._hub, self._unhub = _hub(options, self._sql.channel)
+        self._hub, self._unhub = store_hub(options, self._sql.channel)
+        self._slots = AsyncSlots(options.max_connections)
+        fresh_after_fork(self)
         self._idle: list[_AsyncConnection] = []
         self._next_sweep = time.monotonic() + SWEEP_EVERY
         self._closed = False
@@ -314,15 +362,24 @@ class AsyncPostgresBackend:
             connect_timeout=_connect_seconds(limit),
         )
 
-    async def _run(self, query: Query) -> list[tuple[Any, ...]]:
+    async def _run(
+        self, query: Query, *, urgent: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """One statement, once `AsyncSlots` has room for it."""
+        slot = Slot(self._slots)
         try:
             try:
-                return await self._run_once(query)
-            except psycopg.errors.UndefinedTable:
-                await self._create(query.limit)
-                return await self._run_once(query)
-        except (psycopg.Error, OSError, _WaitTimeout) as exc:
-            raise backend_error(exc, query, self._options) from exc
+                with anyio.fail_after(query.limit):
+                    await self._slots.take(slot, urgent=urgent)
+                try:
+                    return await self._run_once(query)
+                except psycopg.errors.UndefinedTable:
+                    await self._create(query.limit)
+                    return await self._run_once(query)
+            except (psycopg.Error, OSError, _WaitTimeout) as exc:
+                raise backend_error(exc, query, self._options) from exc
+        finally:
+            slot.give()
 
     async def _run_once(self, query: Query) -> list[tuple[Any, ...]]:
         deadline = time.monotonic() + query.limit
@@ -407,36 +464,47 @@ class AsyncPostgresBackend:
             await self._trim(idle)
 
     async def _maybe_sweep(self) -> None:
+        """`PostgresBackend._maybe_sweep`, awaited."""
         now = time.monotonic()
         if now < self._next_sweep:
             return
         self._next_sweep = now + SWEEP_EVERY
-        with contextlib.suppress(psycopg.Error, OSError, _WaitTimeout):
-            await self._run_once(
-                Query(self._sql.sweep, {}, self._sql.limit(math.inf))
-            )
+        with contextlib.suppress(LockBackendError):
+            query = Query(self._sql.sweep, {}, self._sql.limit(math.inf))
+            if swept_full(await self._run(query)):
+                self._next_sweep = now
 
     async def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
+        channel, hub = key.hex, self._hub
+        who = asyncio.current_task()
+        if not hub.begin(channel, who):
+            return Busy(None, queued=True)
         rows = await self._run(self._sql.acquire(key, owner, ttl))
-        return Statements.read_acquire(rows, ttl)
+        answer = Statements.read_acquire(rows, ttl)
+        if isinstance(answer, Grant):
+            hub.granted(channel, who)
+        return answer
 
     async def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
             return []
-        rows = await self._run(self._sql.renew(batch))
+        rows = await self._run(self._sql.renew(batch), urgent=True)
         return Statements.read_renew(rows, len(batch))
 
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
-        rows = await self._run(self._sql.release(key, owner))
+        rows = await self._run(self._sql.release(key, owner), urgent=True)
+        result = Statements.read_release(rows)
+        if result is ReleaseResult.RELEASED:
+            self._hub.tell(key.hex, here=True)
         await self._maybe_sweep()
-        return Statements.read_release(rows)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(key.hex, notify)
+        return self._hub.watch(key.hex, notify, asyncio.current_task())
 
     async def aclose(self) -> None:
         """Close the kept connections; those in use close as their calls
@@ -449,14 +517,3 @@ class AsyncPostgresBackend:
 #: The advisory lock key that serialises the creation of lease tables
 #: (two sessions running CREATE TABLE IF NOT EXISTS at once can collide).
 _CREATE_LOCK: Final = 0x7265_7369_6C6F_636B  # b"resilock"
-
-
-def _hub(
-    options: Options, channel: str
-) -> tuple[WatchHub, Callable[[], None]]:
-    """The process's wake-up hub of the table *options* name (shared by its
-    sync and async backends), and the release a backend calls at close."""
-    return hub_for(
-        ("postgresql", options.driver_url, channel),
-        lambda: PostgresHub(options.driver_url, channel, options.timeout),
-    )

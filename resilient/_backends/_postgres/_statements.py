@@ -27,6 +27,7 @@ from resilient._backends._base import (
     url_secrets,
     url_where,
 )
+from resilient._backends._kept import DEFAULT_MAX
 from resilient._backends._postgres._watch import channel_of
 from resilient.exceptions import ConfigError, LockBackendError
 
@@ -44,6 +45,7 @@ __all__ = [
     "Statements",
     "backend_error",
     "parse_url",
+    "swept_full",
 ]
 
 #: Leases renewed by one statement.
@@ -54,6 +56,10 @@ DEFAULT_TIMEOUT: Final = 2.0
 
 #: How long a row stays free or expired before a sweep may delete it.
 SWEEP_AFTER: Final = "60 seconds"
+
+#: The most rows one sweep deletes (one statement, bounded in time); a
+#: sweep that deleted this many is followed by another at the next release.
+SWEEP_BATCH: Final = 1000
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]{0,62}"
 _TABLE = re.compile(rf"({_IDENT})(?:\.({_IDENT}))?")
@@ -114,14 +120,15 @@ WITH gone AS (
         SELECT key FROM {table}
         WHERE key <> ''::bytea
             AND expires_at < clock_timestamp() - interval '{after}'
-        LIMIT 1000 FOR UPDATE SKIP LOCKED)
+        LIMIT {batch} FOR UPDATE SKIP LOCKED)
     RETURNING fence
+), floor AS (
+    INSERT INTO {table} AS t (key, owner, fence, expires_at)
+    SELECT ''::bytea, NULL, max(fence), 'infinity' FROM gone
+    HAVING count(*) > 0
+    ON CONFLICT (key) DO UPDATE SET fence = greatest(t.fence, excluded.fence)
 )
-INSERT INTO {table} AS t (key, owner, fence, expires_at)
-SELECT ''::bytea, NULL, max(fence), 'infinity' FROM gone
-HAVING count(*) > 0
-ON CONFLICT (key) DO UPDATE SET fence = greatest(t.fence, excluded.fence)
-RETURNING t.fence"""
+SELECT count(*) FROM gone"""
 
 # SQLSTATEs (or their two-character classes) worth trying again.
 _RETRYABLE_STATES: Final = frozenset(
@@ -144,20 +151,36 @@ class Options:
     timeout: float
     where: str
     secrets: tuple[str, ...] = attrs.field(default=(), repr=False)
+    max_connections: int = DEFAULT_MAX
+
+
+def _url_count(value: str) -> int:
+    """A lock URL's ``max_connections=`` option (a whole number >= 1)."""
+    if not value.isdigit() or not 1 <= int(value) <= 10_000:
+        raise ConfigError(
+            "postgresql URL max_connections",
+            value[:32],
+            "must be a whole number from 1 to 10000",
+        )
+    return int(value)
 
 
 def parse_url(url: str) -> Options:
     """
-    Split our query parameters (``table``, ``timeout``) off *url*; the rest
-    goes to libpq. Errors name the parameter, never the URL.
+    Split our query parameters (``table``, ``timeout``,
+    ``max_connections``) off *url*; the rest goes to libpq. Errors name the
+    parameter, never the URL.
     """
     parts = urllib.parse.urlsplit(url)
     query = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
     rest: list[tuple[str, str]] = []
     table: tuple[str, ...] = ("resilient_locks",)
     timeout = DEFAULT_TIMEOUT
+    most = DEFAULT_MAX
     for name, value in query:
-        if name == "table":
+        if name == "max_connections":
+            most = _url_count(value)
+        elif name == "table":
             match = _TABLE.fullmatch(value)
             if match is None:
                 raise ConfigError(
@@ -175,7 +198,9 @@ def parse_url(url: str) -> Options:
         query=urllib.parse.urlencode(rest, quote_via=urllib.parse.quote),
         scheme=scheme or parts.scheme,
     ).geturl()
-    return Options(driver, table, timeout, url_where(url), url_secrets(url))
+    return Options(
+        driver, table, timeout, url_where(url), url_secrets(url), most
+    )
 
 
 @final
@@ -213,7 +238,10 @@ class Statements:
 
         def render(text: str) -> bytes:
             return text.format(
-                table=ident, after=SWEEP_AFTER, channel=self.channel
+                table=ident,
+                after=SWEEP_AFTER,
+                batch=SWEEP_BATCH,
+                channel=self.channel,
             ).encode()
 
         self.timeout = timeout
@@ -318,3 +346,8 @@ def _refused_login(message: str) -> str | None:
         if pattern.search(message):
             return state
     return None
+
+
+def swept_full(rows: list[tuple[Any, ...]]) -> bool:
+    """Whether a sweep deleted a full batch (more may be waiting)."""
+    return bool(rows) and int(rows[0][0]) >= SWEEP_BATCH

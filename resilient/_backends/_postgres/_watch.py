@@ -17,15 +17,21 @@ from __future__ import annotations
 
 import hashlib
 import select
-from typing import Any, Final, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import psycopg
 import psycopg.sql
 
-from resilient._backends._watch import LINGER, WatchHub
+from resilient._backends._watch import LINGER, WatchHub, hub_for
 
 
-__all__ = ["PostgresHub", "channel_of"]
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from resilient._backends._postgres._statements import Options
+
+
+__all__ = ["PostgresHub", "channel_of", "store_hub"]
 
 #: Longest wait for notifications between two looks at the watchers.
 IDLE_CHECK: Final = LINGER / 2
@@ -70,3 +76,14 @@ class PostgresHub(WatchHub):
                 select.select(
                     [conn.fileno(), self.wake_fd()], [], [], IDLE_CHECK
                 )
+
+
+def store_hub(
+    options: Options, channel: str
+) -> tuple[WatchHub, Callable[[], None]]:
+    """The process's wake-up hub of the table *options* name (shared by its
+    sync and async backends), and the release a backend calls at close."""
+    return hub_for(
+        ("postgresql", options.driver_url, channel),
+        lambda: PostgresHub(options.driver_url, channel, options.timeout),
+    )

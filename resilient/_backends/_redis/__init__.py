@@ -126,4 +126,8 @@ def async_backend(url: str) -> AsyncLockBackend:
         library = "asyncio"
     if library == "asyncio":
         return AsyncRedisBackend(options)
-    return ThreadedAsyncBackend(RedisBackend(options))
+    # The process's sync backend of the URL, shared: a run of this loop
+    # opens no connection that could outlive it.
+    from resilient._backends import open_backend  # noqa: PLC0415
+
+    return ThreadedAsyncBackend(open_backend(url), owns=False)

@@ -6,8 +6,11 @@ client and `AsyncRedisBackend` on its asyncio client, over the commands of
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import threading
+import urllib.parse
 import weakref
 from typing import TYPE_CHECKING, Any, Final, final
 
@@ -16,7 +19,15 @@ import redis
 import redis.asyncio
 from redis import exceptions as rx
 
-from resilient._backends._kept import Count, Kept
+from resilient._backends._base import Busy, Grant, ReleaseResult
+from resilient._backends._kept import (
+    DEFAULT_MAX,
+    AsyncSlots,
+    Count,
+    Kept,
+    Slot,
+    Slots,
+)
 from resilient._backends._redis._commands import (
     MAX_RENEW_BATCH,
     Command,
@@ -33,11 +44,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from resilient._backends._base import (
-        Busy,
-        Grant,
         LockKey,
         OwnerToken,
-        ReleaseResult,
         Renewal,
     )
 
@@ -60,6 +68,15 @@ def _new_connection(pool: Any, limit: float) -> Any:
     for option in _POOL_OPTIONS:
         kwargs[option] = limit
     return pool.connection_class(**kwargs)
+
+
+def _limit(pool: Any, options: Options) -> int:
+    """The URL's ``max_connections`` (as redis-py read it), or
+    `DEFAULT_MAX` (redis-py's own default is 100 or unbounded, by
+    version)."""
+    query = urllib.parse.urlsplit(options.driver_url).query
+    given = "max_connections" in urllib.parse.parse_qs(query)
+    return int(pool.max_connections) if given else DEFAULT_MAX
 
 
 def _too_many(limit: int) -> rx.ConnectionError:
@@ -107,7 +124,8 @@ class RedisBackend:
         self._pool: redis.ConnectionPool = redis.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
-        self._count = Count(self._pool.max_connections)
+        self._count = Count(_limit(self._pool, options))
+        self._slots = Slots(self._count.limit)
         self._idle: list[_Kept] = []
         self._hub, self._unhub = _hub(options)
         self._options = options
@@ -152,10 +170,21 @@ class RedisBackend:
                 return kept
             kept.close()
 
-    def _run(self, command: Command) -> Any:
-        """One call on a connection; kept if it answered, else closed."""
+    def _run(self, command: Command, *, urgent: bool = False) -> Any:
+        """One call, once the pool has room for it (`Slots`: a release or
+        renewal is *urgent*, never behind acquirers)."""
         if command.limit <= 0:
             raise _timed_out(command, self._options.where)
+        slot = Slot(self._slots)
+        try:
+            if not self._slots.take(slot, command.limit, urgent=urgent):
+                raise _timed_out(command, self._options.where)
+            return self._run_held(command)
+        finally:
+            slot.give()
+
+    def _run_held(self, command: Command) -> Any:
+        """One call on a connection; kept if it answered, else closed."""
         idle = self._idle
         kept = self._take(idle, command)
         try:
@@ -184,23 +213,52 @@ class RedisBackend:
     def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
+        return self.acquire_as(key, owner, ttl, threading.current_thread())
+
+    def acquire_as(
+        self, key: LockKey, owner: OwnerToken, ttl: float, who: object
+    ) -> Grant | Busy:
+        """`acquire` for *who* (a thread or task), in its turn in the
+        process's line for the lock (`WatchHub.begin`)."""
+        channel, hub = self._commands.channel(key), self._hub
+        if not hub.begin(channel, who):
+            return Busy(None, queued=True)
         reply = self._run(self._commands.acquire(key, owner, ttl))
-        return Commands.read_acquire(reply, ttl)
+        answer = Commands.read_acquire(reply, ttl)
+        if isinstance(answer, Grant):
+            hub.granted(channel, who)
+        return answer
 
     def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
             return []
-        reply = self._run(self._commands.renew(batch))
+        reply = self._run(self._commands.renew(batch), urgent=True)
         return Commands.read_renew(reply, len(batch))
 
     def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
-        reply = self._run(self._commands.release(key, owner))
-        return Commands.read_release(reply)
+        reply = self._run(self._commands.release(key, owner), urgent=True)
+        return self._released(key, Commands.read_release(reply))
+
+    def _released(self, key: LockKey, result: ReleaseResult) -> ReleaseResult:
+        """Wake the head of this process's line for *key* at once."""
+        if result is ReleaseResult.RELEASED:
+            self._hub.tell(self._commands.channel(key), here=True)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(self._commands.channel(key), notify)
+        return self.watch_as(key, notify, threading.current_thread())
+
+    def queued(self, key: LockKey, who: object) -> bool:
+        """Whether others of this process are ahead of *who* in line."""
+        return not self._hub.begin(self._commands.channel(key), who)
+
+    def watch_as(
+        self, key: LockKey, notify: Callable[[], None], who: object
+    ) -> Callable[[], None]:
+        """`watch` for *who*: it joins the lock's line."""
+        return self._hub.watch(self._commands.channel(key), notify, who)
 
     def close(self) -> None:
         """Close the kept connections; those in use close as their calls
@@ -214,6 +272,7 @@ class RedisBackend:
         """In a forked child: the kept connections are the parent's (closed
         here without a shutdown, which would end them for the parent)."""
         self._count = Count(self._count.limit)
+        self._slots = Slots(self._count.limit)
         self._idle = []
 
 
@@ -241,7 +300,8 @@ class AsyncRedisBackend:
         self._pool: Any = redis.asyncio.ConnectionPool.from_url(
             options.driver_url, **kwargs
         )
-        self._count = Count(self._pool.max_connections)
+        self._count = Count(_limit(self._pool, options))
+        self._slots = AsyncSlots(self._count.limit)
         self._idle: list[Any] = []
         self._closed = False
         self._hub, self._unhub = _hub(options)
@@ -251,13 +311,25 @@ class AsyncRedisBackend:
     def __repr__(self) -> str:
         return f"AsyncRedisBackend(namespace={self._commands.namespace!r})"
 
-    async def _run(self, command: Command) -> Any:
+    async def _run(self, command: Command, *, urgent: bool = False) -> Any:
         if command.limit <= 0:
             raise _timed_out(command, self._options.where)
+        slot = Slot(self._slots)
+        try:
+            return await self._run_held(command, slot, urgent=urgent)
+        finally:
+            slot.give()
+
+    async def _run_held(
+        self, command: Command, slot: Slot, *, urgent: bool
+    ) -> Any:
+        """One call on a connection once `AsyncSlots` has room for it (the
+        wait counted in the call's limit); kept if it answered."""
         idle = self._idle
         conn: Any = None
         try:
             with anyio.fail_after(command.limit):
+                await self._slots.take(slot, urgent=urgent)
                 if idle:
                     # Not idle.pop(): an interrupt after that call returned
                     # would drop the connection from the stack, uncounted.
@@ -326,23 +398,35 @@ class AsyncRedisBackend:
     async def acquire(
         self, key: LockKey, owner: OwnerToken, ttl: float
     ) -> Grant | Busy:
+        channel, hub = self._commands.channel(key), self._hub
+        who = asyncio.current_task()
+        if not hub.begin(channel, who):
+            return Busy(None, queued=True)
         reply = await self._run(self._commands.acquire(key, owner, ttl))
-        return Commands.read_acquire(reply, ttl)
+        answer = Commands.read_acquire(reply, ttl)
+        if isinstance(answer, Grant):
+            hub.granted(channel, who)
+        return answer
 
     async def renew(self, batch: Sequence[Renewal]) -> Sequence[bool]:
         if not batch:
             return []
-        reply = await self._run(self._commands.renew(batch))
+        reply = await self._run(self._commands.renew(batch), urgent=True)
         return Commands.read_renew(reply, len(batch))
 
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
-        reply = await self._run(self._commands.release(key, owner))
-        return Commands.read_release(reply)
+        command = self._commands.release(key, owner)
+        reply = await self._run(command, urgent=True)
+        result = Commands.read_release(reply)
+        if result is ReleaseResult.RELEASED:
+            self._hub.tell(self._commands.channel(key), here=True)
+        return result
 
     def watch(
         self, key: LockKey, notify: Callable[[], None]
     ) -> Callable[[], None]:
-        return self._hub.watch(self._commands.channel(key), notify)
+        channel = self._commands.channel(key)
+        return self._hub.watch(channel, notify, asyncio.current_task())
 
     async def aclose(self) -> None:
         """Close the kept connections; those in use close as their calls
@@ -356,6 +440,7 @@ class AsyncRedisBackend:
     def _forked(self) -> None:
         """In a forked child: the kept connections are the parent's."""
         self._count = Count(self._count.limit)
+        self._slots = AsyncSlots(self._count.limit)
         self._idle = []
 
 
