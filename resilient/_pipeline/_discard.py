@@ -35,18 +35,24 @@ def discards(value: object) -> bool:
     return False
 
 
+def _close_failed(value: object) -> None:
+    """Log, at DEBUG, that closing *value* raised (a close changes no
+    outcome)."""
+    emit(
+        log,
+        logging.DEBUG,
+        "resilient: closing a discarded %r failed",
+        value,
+        exc_info=True,
+    )
+
+
 def close_discarded(value: Any) -> None:
     """Close a discarded response from sync code."""
     try:
         value.close()
-    except Exception:  # noqa: BLE001 - logged (emit)
-        emit(
-            log,
-            logging.DEBUG,
-            "resilient: closing a discarded %r failed",
-            value,
-            exc_info=True,
-        )
+    except Exception:  # noqa: BLE001 - logged
+        _close_failed(value)
 
 
 async def aclose_discarded(value: Any) -> None:
@@ -63,11 +69,5 @@ async def aclose_discarded(value: Any) -> None:
         except RuntimeError:
             # httpx: "Attempted to call an async close on a sync stream".
             value.close()
-    except Exception:  # noqa: BLE001 - logged (emit)
-        emit(
-            log,
-            logging.DEBUG,
-            "resilient: closing a discarded %r failed",
-            value,
-            exc_info=True,
-        )
+    except Exception:  # noqa: BLE001 - logged
+        _close_failed(value)
