@@ -17,11 +17,15 @@ import asyncio
 import contextvars
 import dis
 import math
+import re
+import sqlite3
 import sys
 import threading
 import time
 import types
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,7 +35,13 @@ import trio
 
 import resilient
 from resilient import DeadlineExceeded
-from resilient._backends import OwnerToken, ReleaseResult, open_backend
+from resilient._backends import (
+    Grant,
+    OwnerToken,
+    ReleaseResult,
+    Renewal,
+    open_backend,
+)
 from resilient._core import _clock, _internals, _loops
 from resilient._lock import _hold
 from resilient._timeout import _entry, _scope, _watchdog
@@ -475,3 +485,45 @@ def test_redis_wakeups_without_the_socket(
         assert woken.wait(5.0)
     finally:
         stop()
+
+
+# -- CPython's sqlite3 across versions ---------------------------------------
+
+
+class _StrictConnection(sqlite3.Connection):
+    """What CPython 3.12.0-3.12.3 (and, as an error, any Python that
+    follows their deprecation) make of numbered placeholders bound to a
+    sequence: refused here on every version."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        if re.search(r"\?\d", sql) and not isinstance(parameters, Mapping):
+            raise sqlite3.ProgrammingError(
+                f"numbered placeholders bound to a sequence: {sql!r}"
+            )
+        return super().execute(sql, parameters)
+
+
+def test_the_sqlite_store_binds_numbered_placeholders_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """
+    The SQLite store's statements with ``?1``-style placeholders (acquire,
+    renew) are bound by name. Before: bound to tuples, which CPython
+    3.12.1 (the 3.12 on these machines) warns about at every acquire, a
+    DeprecationWarning it says becomes an error in 3.14: with warnings as
+    errors, every SQLite lock test failed on 3.12.
+    """
+    real_connect = sqlite3.connect
+
+    def connect(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        return real_connect(*args, factory=_StrictConnection, **kwargs)
+
+    monkeypatch.setattr(sqlite3, "connect", connect)
+    backend = open_backend(f"sqlite:///{tmp_path / 'locks.sqlite3'}")
+    try:
+        key, owner = fresh_key(), OwnerToken()
+        assert isinstance(backend.acquire(key, owner, 30.0), Grant)
+        assert backend.renew([Renewal(key, owner, 30.0)]) == [True]
+        assert backend.release(key, owner) is ReleaseResult.RELEASED
+    finally:
+        backend.close()

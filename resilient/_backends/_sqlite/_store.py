@@ -42,6 +42,7 @@ from resilient._backends._sqlite._schema import (
     SWEEP,
     SWEEP_EVERY,
     boot_id,
+    numbered,
 )
 
 
@@ -129,7 +130,7 @@ class SqliteBackend:
                         return busy
                 row = conn.execute(
                     ACQUIRE,
-                    (
+                    numbered(
                         key.hex,
                         owner.secret,
                         time.time_ns() // 1000,
@@ -198,7 +199,7 @@ class SqliteBackend:
                 for item in batch:
                     cursor = conn.execute(
                         RENEW,
-                        (
+                        numbered(
                             now + math.ceil(item.ttl * 1e9),
                             item.key.hex,
                             item.owner.secret,
