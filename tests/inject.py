@@ -158,9 +158,10 @@ def nth_line(n: int) -> Callable[[types.FrameType], bool]:
 @final
 class Points:
     """
-    A trace function that numbers the points where CPython 3.11 can deliver
-    an asynchronous exception in frames of code that *traced* accepts, and
-    raises `Landed` at point *at* (None: only counts them):
+    A trace function that numbers the points where CPython 3.11 to 3.13
+    can deliver an asynchronous exception (alike on the three) in frames of
+    code that *traced* accepts, and raises `Landed` at point *at* (None:
+    only counts them):
 
     - a traced function's start (not a coroutine's resumption after an
       ``await``, where CPython does not check);
