@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dis
+import importlib.util
 import math
+import platform
 import re
 import sqlite3
 import sys
@@ -206,6 +208,33 @@ def test_an_unverified_with_shape_warns_naming_the_python(
     with pytest.warns(RuntimeWarning, match=rf"Python 3\.99\.0 .*{says}"):
         _internals.check_with_shape(shape, "3.99.0")
     _internals.check_with_shape("BEFORE_WITH", "3.13.0")  # filterwarnings
+
+
+def test_importing_where_before_with_is_missing_warns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """
+    Fallback, as on CPython 3.14: with ``BEFORE_WITH`` gone from
+    ``dis.opmap`` (where the probe looks it up), a fresh import of the
+    probes takes the LOAD_SPECIAL shape, has no opcode for the fast check,
+    and warns at import, naming this Python's version. Before: the
+    lookup fell back to -1 in silence.
+    """
+    opmap = dict(dis.opmap)
+    del opmap["BEFORE_WITH"]
+    opmap.setdefault("LOAD_SPECIAL", 255)
+    monkeypatch.setattr(dis, "opmap", opmap)
+    spec = importlib.util.spec_from_file_location(
+        "resilient_internals_as_on_3_14", _internals.__file__
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    fresh = importlib.util.module_from_spec(spec)
+    version = re.escape(platform.python_version())
+    with pytest.warns(RuntimeWarning, match=rf"Python {version} .*verified"):
+        spec.loader.exec_module(fresh)
+    assert fresh.WITH_SHAPE == "LOAD_SPECIAL"
+    assert fresh.BEFORE_WITH == -1
 
 
 def _skip_a_scope_exit() -> None:
