@@ -189,8 +189,14 @@ def test_without_before_with_the_3_14_shape_is_read() -> None:
         (58, "LOAD_SPECIAL", "__enter__"),
         (60, "POP_TOP", ""),
         (62, "CALL", "0"),
+        # A dis that shows LOAD_SPECIAL's index, not the method's name.
+        (70, "LOAD_SPECIAL", "1"),
+        (72, "SWAP", ""),
+        (74, "SWAP", ""),
+        (76, "LOAD_SPECIAL", "0"),
+        (78, "CALL", "0"),
     ]
-    assert _internals.with_calls(code_3_14) == {6: 14, 28: 36}
+    assert _internals.with_calls(code_3_14) == {6: 14, 28: 36, 70: 78}
 
 
 @pytest.mark.parametrize(

@@ -89,8 +89,10 @@ BEFORE_WITH: Final = (
 check of a frame's current instruction on CPython 3.11-3.13."""
 
 _ONE_STEP: Final = frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"})
-_EXITS: Final = frozenset({"__exit__", "__aexit__"})
-_ENTERS: Final = frozenset({"__enter__", "__aenter__"})
+# LOAD_SPECIAL's argument: the method's name as `dis` shows it, or its
+# index in CPython's table (0 __enter__, 1 __exit__, 2 __aenter__, ...).
+_EXITS: Final = frozenset({"__exit__", "__aexit__", "1", "3"})
+_ENTERS: Final = frozenset({"__enter__", "__aenter__", "0", "2"})
 _SHUFFLES: Final = frozenset({"SWAP", "COPY", "NOP"})
 
 
@@ -127,7 +129,8 @@ def with_calls(instructions: Iterable[tuple[int, str, str]]) -> dict[int, int]:
 def enter_calls(code: CodeType) -> tuple[dict[int, int], frozenset[int]]:
     """`with_calls` of *code*, and the offsets of its ``__enter__`` calls."""
     calls = with_calls(
-        (i.offset, i.opname, i.argrepr) for i in dis.get_instructions(code)
+        (i.offset, i.opname, i.argrepr or str(i.arg))
+        for i in dis.get_instructions(code)
     )
     return calls, frozenset(calls.values())
 
