@@ -25,6 +25,8 @@ from typing import Final, Protocol, final
 import anyio
 import anyio.lowlevel
 
+from resilient._core._loops import thread_caller
+
 
 POLL_INTERVAL: Final = 0.005
 """How long a waiter blocks before looking again when time is virtual (a
@@ -78,11 +80,11 @@ class TaskWaiter:
     loop and its thread).
     """
 
-    __slots__ = ("_event", "_home", "_token")
+    __slots__ = ("_call", "_event", "_home")
 
     def __init__(self) -> None:
         self._event = anyio.Event()
-        self._token = anyio.lowlevel.current_token()
+        self._call = thread_caller()
         self._home = threading.get_ident()
 
     def wake(self) -> None:
@@ -94,11 +96,8 @@ class TaskWaiter:
         if threading.get_ident() == self._home:
             self._event.set()
             return
-        token = self._token
-        with contextlib.suppress(RuntimeError):
-            token.backend_class.run_sync_soon(
-                self._event.set, (), token.native_token
-            )
+        with contextlib.suppress(RuntimeError):  # trio's RunFinishedError too
+            self._call(self._event.set)
 
     @property
     def woken(self) -> bool:

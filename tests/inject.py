@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, final
 
 
-__all__ = ["Landed", "Points", "at_line", "at_point", "nth_line"]
+__all__ = [
+    "Landed",
+    "Points",
+    "arm_opcode_events",
+    "at_line",
+    "at_point",
+    "nth_line",
+    "trace_opcodes",
+]
 
 _CALLS: Final = frozenset(
     op for name, op in dis.opmap.items() if name.startswith("CALL")
@@ -37,6 +45,39 @@ _CALLS: Final = frozenset(
 
 class Landed(BaseException):
     """The injected exception: a BaseException, as KeyboardInterrupt."""
+
+
+def arm_opcode_events() -> None:
+    """
+    Call before ``sys.settrace`` when a trace function will ask for opcode
+    events (`trace_opcodes`). CPython 3.12 turns on its per-instruction
+    events at ``sys.settrace`` only if some frame has set
+    ``f_trace_opcodes`` before (an interpreter-wide flag, never cleared):
+    without this the first traced run of a process gets no opcode event.
+    A no-op elsewhere (3.11 reads the frame's flag at each instruction,
+    3.13 turns the events on per code object in `trace_opcodes`).
+    """
+    frame = sys._getframe()
+    frame.f_trace_opcodes = True
+    frame.f_trace_opcodes = False
+
+
+def trace_opcodes(
+    frame: types.FrameType, local: Callable[..., Any]
+) -> Callable[..., Any]:
+    """
+    From a global trace function's ``call`` event: trace *frame* with
+    *local* by opcode events only (no line events); returns *local*, what
+    the global trace function returns. The frame's local tracer is set
+    first: CPython 3.13 turns a frame's opcode events on when
+    ``f_trace_opcodes`` is set on a frame that already has one, and
+    ignores the flag set in the ``call`` event otherwise (``f_trace`` is
+    then still unset), so the frame would run with no opcode event.
+    """
+    frame.f_trace = local
+    frame.f_trace_opcodes = True
+    frame.f_trace_lines = False
+    return local
 
 
 @final
@@ -117,9 +158,10 @@ def nth_line(n: int) -> Callable[[types.FrameType], bool]:
 @final
 class Points:
     """
-    A trace function that numbers the points where CPython 3.11 can deliver
-    an asynchronous exception in frames of code that *traced* accepts, and
-    raises `Landed` at point *at* (None: only counts them):
+    A trace function that numbers the points where CPython 3.11 to 3.13
+    can deliver an asynchronous exception (alike on the three) in frames of
+    code that *traced* accepts, and raises `Landed` at point *at* (None:
+    only counts them):
 
     - a traced function's start (not a coroutine's resumption after an
       ``await``, where CPython does not check);
@@ -166,8 +208,7 @@ class Points:
     ) -> Callable[..., Any] | None:
         start = _at_start(frame)
         if self.traced(frame.f_code):
-            frame.f_trace_opcodes = True
-            frame.f_trace_lines = False
+            trace_opcodes(frame, self._step)
             if start:
                 self._point(frame)
             return self._step
@@ -240,6 +281,7 @@ def at_point(
     """
     points = Points(traced, at, callees)
     previous = sys.gettrace()
+    arm_opcode_events()
     sys.settrace(points)
     try:
         yield points

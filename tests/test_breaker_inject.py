@@ -36,6 +36,7 @@ import pytest
 import resilient
 from resilient import BreakerConfig, CircuitBreaker, CountWindow, TimeWindow
 from resilient._breaker._windows import BUCKETS, CountRing, TimeRing
+from tests.inject import arm_opcode_events, trace_opcodes
 
 
 _PACKAGE: Final = str(pathlib.Path(resilient.__file__).parent / "_breaker")
@@ -71,8 +72,7 @@ class _Injector:
     ) -> Callable[..., Any] | None:
         if not frame.f_code.co_filename.startswith(_PACKAGE):
             return None
-        frame.f_trace_opcodes = True
-        frame.f_trace_lines = False
+        trace_opcodes(frame, self.step)
         self.point()  # A function's start (or a coroutine's resumption).
         return self.step
 
@@ -121,6 +121,7 @@ def _run(at: int | None, scenario: Callable[[], object]) -> tuple[int, bool]:
     """Run *scenario* traced; (points seen, whether `Injected` came out)."""
     injector = _Injector(at)
     before = sys.gettrace()
+    arm_opcode_events()
     sys.settrace(injector.enter)
     try:
         scenario()

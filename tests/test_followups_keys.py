@@ -41,6 +41,7 @@ from resilient.http import (
     idempotent,
     needs_key,
 )
+from tests.inject import arm_opcode_events, trace_opcodes
 
 
 _PACKAGE: Final = str(pathlib.Path(resilient.http.__file__).parent)
@@ -112,8 +113,7 @@ class _Injector:
     def enter(self, frame: types.FrameType, event: str, arg: object) -> Any:
         if not frame.f_code.co_filename.startswith(_PACKAGE):
             return None
-        frame.f_trace_opcodes = True
-        frame.f_trace_lines = False
+        trace_opcodes(frame, self.step)
         self.last.pop(frame, None)
         if _checks_on_entry(frame):
             self._point(frame, "start")  # A start, or a resumption.
@@ -265,6 +265,7 @@ def _once(
             anyio.run(main, backend=backend)
 
     before = sys.gettrace()
+    arm_opcode_events()
     try:
         # A fresh context each run: a key a run leaves must not change the
         # next one's path.

@@ -5,6 +5,7 @@ trio, on the ``memory://`` store with virtual time where the scenario allows.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -832,7 +833,7 @@ class TestConfig:
         start = time.monotonic_ns()
         lease = lock.acquire()
         path = resilient._backends.open_backend(url).path  # type: ignore[attr-defined]
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db, db:
             (expires,) = db.execute("SELECT expires_ns FROM leases").fetchone()
         read = time.monotonic_ns()
         if seconds >= 0.001:

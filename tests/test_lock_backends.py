@@ -5,6 +5,7 @@ server: ``memory://`` and the embedded ``sqlite://``.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import uuid
 from collections.abc import Callable
@@ -50,7 +51,7 @@ class TestSqlite(BackendContract):
     def delete_lease(self) -> Callable[[str, LockKey], None]:
         def delete(url: str, key: LockKey) -> None:
             path = open_backend(url).path  # type: ignore[attr-defined]
-            with sqlite3.connect(path) as db:
+            with contextlib.closing(sqlite3.connect(path)) as db, db:
                 gone = db.execute(
                     "DELETE FROM leases WHERE name = ?", (key.hex,)
                 ).rowcount
@@ -64,7 +65,7 @@ class TestSqlite(BackendContract):
             backend = open_backend(url)
             backend._connection()  # type: ignore[attr-defined]
             path = backend.path  # type: ignore[attr-defined]
-            with sqlite3.connect(path) as db:
+            with contextlib.closing(sqlite3.connect(path)) as db, db:
                 return int(
                     db.execute("SELECT count(*) FROM leases").fetchone()[0]
                 )

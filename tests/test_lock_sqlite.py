@@ -6,6 +6,7 @@ fuzzing, reboots. Real time, short and bounded.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import signal
@@ -264,7 +265,7 @@ def test_a_lease_from_an_earlier_boot_is_expired(url: str) -> None:
     key = LockKey.of("job")
     assert isinstance(backend.acquire(key, OwnerToken(), 30.0), Grant)
     path = backend.path  # type: ignore[attr-defined]
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
         db.execute("UPDATE leases SET boot = 'an-earlier-boot', flocked = 0")
     assert isinstance(backend.acquire(key, OwnerToken(), 30.0), Grant)
 
@@ -384,7 +385,7 @@ def test_the_shells_on_the_embedded_store(url: str) -> None:
     anyio.run(main, backend="trio")
     assert tokens == sorted(set(tokens))
     path = open_backend(url).path  # type: ignore[attr-defined]
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
         held = "SELECT count(*) FROM leases WHERE expires_ns != 0"
         assert db.execute(held).fetchone() == (0,)
 
@@ -411,7 +412,7 @@ def test_exit_releases_leases_no_thread_still_uses(url: str) -> None:
     out, err = child.communicate(timeout=30)
     assert (out.strip(), child.returncode) == ("exiting", 0), err
     path = Path(url.removeprefix("sqlite:///"))
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db, db:
         rows = dict(db.execute("SELECT name, expires_ns FROM leases"))
     assert rows[LockKey.of("main").hex] == 0  # Released.
     assert rows[LockKey.of("daemon").hex] > time.monotonic_ns()  # Left.

@@ -14,7 +14,11 @@ back edge, at a function's start. So:
 
 - the lock is only ever taken by ``with self._lock:``, whose acquire and
   entry into the protected block happen in one instruction (``BEFORE_WITH``,
-  CPython 3.11 to 3.13) with no check between them;
+  CPython 3.11 to 3.13) with no check between them. This holds on those
+  versions only: 3.14 calls ``__enter__`` with an ordinary ``CALL``, which
+  checks as it returns, so importing resilient on any interpreter without
+  ``BEFORE_WITH`` warns that these guarantees are not verified there
+  (`resilient._core._internals.check_with_shape`);
 - a closed call holds nothing: an exception before its outcome is recorded
   leaves it uncounted (as if ignored), after, counted once;
 - a half-open probe holds a slot: the machine holds its permit weakly, and

@@ -15,6 +15,8 @@ import asyncio
 import sys
 from typing import TYPE_CHECKING
 
+from resilient._core import _internals
+
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,7 +35,7 @@ def current_async_library() -> str | None:
     if (
         sniffio.thread_local.name is None
         and sniffio.current_async_library_cvar.get() is None
-        and asyncio._get_running_loop() is None  # noqa: SLF001
+        and _internals.get_running_loop() is None
         and "curio" not in sys.modules
     ):
         # Sync code, the common case: what sniffio would find, without the
@@ -61,6 +63,23 @@ def loop_caller(library: str) -> Callable[[Callable[[], object]], None]:
         loop.call_soon_threadsafe(fn)
 
     return call
+
+
+def thread_caller() -> Callable[[Callable[[], object]], None]:
+    """
+    From a task: `loop_caller` of its event loop, through the libraries'
+    public calls (``call_soon_threadsafe``, trio's token). Where the loop
+    is gone the call raises `RuntimeError` (trio's ``RunFinishedError``
+    is one). anyio's ``current_token().backend_class.run_sync_soon``,
+    used here before, is a token anyio calls opaque (and anyio 4.11+).
+
+    Raises:
+        RuntimeError: No event loop runs in this thread.
+    """
+    library = current_async_library()
+    if library is None:
+        raise RuntimeError("resilient: no event loop runs in this thread")
+    return loop_caller(library)
 
 
 def refuse_blocking(what: str, instead: str) -> None:

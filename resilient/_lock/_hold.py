@@ -7,9 +7,12 @@ A ``with`` statement looks ``__exit__`` up (binding it) before it calls
 links to the lease it enters. The statement keeps the hold until it has
 called its exit; if the exit is interrupted at its very first instruction
 (where no Python code can catch anything), the statement drops the hold
-with the lease unreleased, and the hold's ``__del__`` releases it. Entered
-any other way (``ExitStack``, explicit calls), the lease is found again in
-the lock's context entries (`resilient._lock._lock.ENTERED`).
+with the lease unreleased, and the hold's ``__del__`` releases it. The
+statement's frame and instruction tie the lookup to the call: one
+instruction on CPython 3.11-3.13, two matched with `dis` on 3.14
+(`resilient._core._internals.enter_calls`). Entered any other way
+(``ExitStack``, explicit calls), the lease is found again in the lock's
+context entries (`resilient._lock._lock.ENTERED`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Final, final
 
+from resilient._core import _internals
 from resilient._lock._async import aleave
 from resilient._lock._lease import (
     held_leases,
@@ -42,6 +46,10 @@ if TYPE_CHECKING:
 # The hold the last ``with`` statement of this thread made (`Exits`):
 # (hold, id of the statement's frame, its code, its instruction).
 PENDING: Final = threading.local()
+
+# Whether the ``__exit__`` lookup and the ``__enter__`` call of one ``with``
+# are at different instructions (CPython 3.14): then matched with `dis`.
+_BY_DIS: Final = _internals.WITH_SHAPE != "BEFORE_WITH"
 
 # Release tasks of abandoned async leases (a reference keeps them alive).
 _BACKGROUND: set[object] = set()
@@ -122,7 +130,11 @@ def linked(lock: Lock) -> Hold | None:
         hold.lock is lock
         and frame_id == id(frame)
         and code is frame.f_code
-        and lasti == frame.f_lasti
+        and (
+            lasti == frame.f_lasti
+            if not _BY_DIS
+            else _internals.enter_calls(code)[0].get(lasti) == frame.f_lasti
+        )
     ):
         return hold  # type: ignore[no-any-return]
     return None

@@ -7,11 +7,11 @@ attempts inline (the shells in front of them, with the bare first attempt:
 
 from __future__ import annotations
 
-import asyncio
 import math
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
 
+from resilient._core import _internals
 from resilient._pipeline._effects import abandon, aperform, perform
 from resilient._pipeline._flow import PAUSE_RUN, RUN, SLEEP
 from resilient._pipeline._lazy import abandon_attempt, armed_attempt, suspended
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 
 _Coroutine: Final = CoroutineType
-_get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
+_get_running_loop: Final = _internals.get_running_loop  # C, no raise
 _INF: Final = math.inf
 UNSET: Final = object()
 """`adrive`'s *base* not looked up yet."""

@@ -20,11 +20,11 @@ unless a loop runs.
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Final
 
 import sniffio
 
+from resilient._core import _internals
 from resilient._core._backoff import Constant
 from resilient._core._loops import refuse_blocking
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 _thread_local: Final = sniffio.thread_local
-_get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
+_get_running_loop: Final = _internals.get_running_loop  # C, no raise
 
 
 def may_wait(policy: RetrySettings) -> bool:

@@ -13,14 +13,13 @@ are made only when it fails, and the flow starts from that failure.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import math
 import time
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
 
-from resilient._core import _clock, _registry
+from resilient._core import _clock, _internals, _registry
 from resilient._core._telemetry import disabled
 from resilient._pipeline._call import Call
 from resilient._pipeline._drive import UNSET, adrive, drive, wrong_shell
@@ -41,7 +40,7 @@ _DEADLINE: Final = _clock._DEADLINE  # noqa: SLF001
 _DEFAULT_CLOCK: Final = _clock.DEFAULT_CLOCK
 _monotonic: Final = time.monotonic
 _Coroutine: Final = CoroutineType
-_get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
+_get_running_loop: Final = _internals.get_running_loop  # C, no raise
 _INF: Final = math.inf
 _UNSET: Final = UNSET
 

@@ -23,7 +23,6 @@ import contextlib
 import contextvars
 import functools
 import math
-import sys
 import threading
 from asyncio import CancelledError
 from typing import TYPE_CHECKING, Any, Final, ParamSpec, TypeVar, final
@@ -34,8 +33,9 @@ import sniffio
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
-from resilient._core import _clock
+from resilient._core import _clock, _internals
 from resilient._core._clock import MonotonicClock
+from resilient._core._loops import thread_caller
 from resilient._singleflight._common import (
     EXECUTING,
     deadline_error,
@@ -68,13 +68,9 @@ T = TypeVar("T")
 new_ticket: Final = object.__new__
 _ident: Final = threading.get_ident
 _sniffio: Final = sniffio.thread_local
-_current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
-if sys.version_info < (3, 12):  # pragma: no cover - 3.11
-    # Its `current_task` is Python-level, around this dict (which is
-    # frozen as it was); 3.12's is the C one.
-    _current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined] # noqa: SLF001
-else:  # pragma: no cover - 3.12+
-    _current_task = asyncio.current_task
+# 3.11's `current_task` is Python-level, around a dict read directly here;
+# 3.12's is the C one (see `resilient._core._internals`).
+_current_task: Final = _internals.current_task_of
 _NOTHING: Any = (
     None  # (Assigned to a ticket's slots: typed to narrow nothing.)
 )
@@ -417,7 +413,7 @@ def _detach(flight: Flight) -> None:
 
 def _canceller(scope: anyio.CancelScope) -> Callable[[], None]:
     """Cancels *scope* from any thread (through its event loop)."""
-    token = anyio.lowlevel.current_token()
+    call = thread_caller()
     home = threading.get_ident()
 
     def cancel() -> None:
@@ -425,8 +421,6 @@ def _canceller(scope: anyio.CancelScope) -> Callable[[], None]:
             scope.cancel()
             return
         with contextlib.suppress(RuntimeError):  # The loop is gone.
-            token.backend_class.run_sync_soon(
-                scope.cancel, (), token.native_token
-            )
+            call(scope.cancel)
 
     return cancel

@@ -22,7 +22,6 @@ method's call costs.
 from __future__ import annotations
 
 import contextlib
-import dis
 import inspect
 import sys
 import threading
@@ -30,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from resilient._core import _clock, _loops
+from resilient._core import _clock, _internals, _loops
 from resilient._timeout._shared import _LOCK, _UNSET
 
 
@@ -52,7 +51,12 @@ _SUSPENDABLE: Final = (
     | inspect.CO_ASYNC_GENERATOR
     | inspect.CO_ITERABLE_COROUTINE
 )
-_BEFORE_WITH: Final = dis.opmap.get("BEFORE_WITH", -1)
+# How a frame's current instruction tells a ``with`` calling ``__enter__``:
+# one opcode on CPython 3.11-3.13, else the code read with `dis` (3.14's
+# LOAD_SPECIAL and CALL); see `resilient._core._internals`.
+_BEFORE_WITH: Final = _internals.BEFORE_WITH
+_BY_DIS: Final = _internals.WITH_SHAPE != "BEFORE_WITH"
+_calls_enter: Final = _internals.calls_enter
 
 
 def enter(self: TimeoutScope) -> None:
@@ -104,9 +108,10 @@ def note_with_frame(self: TimeoutScope, frame: FrameType) -> None:
     sync scope, if it is a plain function's (so it can only be running
     in this thread or finished), for `_abandoned`.
     """
-    if (
-        not frame.f_code.co_flags & _SUSPENDABLE
-        and frame.f_code.co_code[frame.f_lasti] == _BEFORE_WITH
+    code = frame.f_code
+    if not code.co_flags & _SUSPENDABLE and (
+        code.co_code[frame.f_lasti] == _BEFORE_WITH
+        or (_BY_DIS and _calls_enter(code, frame.f_lasti))
     ):
         self._with_frame = frame
         self._thread = threading.get_ident()

@@ -44,6 +44,8 @@ import weakref
 from heapq import heapify, heappop, heappush
 from typing import TYPE_CHECKING, Any, Final, final
 
+from resilient._core import _internals
+
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Generator
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
 
 
 _monotonic: Final = time.monotonic
-_get_running_loop: Final = asyncio._get_running_loop  # noqa: SLF001 - C, no raise
+_get_running_loop: Final = _internals.get_running_loop  # C, no raise
 _current_task: Final = asyncio.current_task
 _CancelledError: Final = asyncio.CancelledError
 
@@ -362,11 +364,6 @@ def _import_trio() -> Any:
     _current_task_trio = trio.lowlevel.current_task
     _trio_checkpoint = trio.lowlevel.checkpoint
     # What `_splice` uses of trio's private cancel tree (trio 0.12 on).
-    _SPLICE = hasattr(trio.lowlevel.Task, "_activate_cancel_status") and (
-        isinstance(
-            getattr(trio._core._run.CancelStatus, "parent", None),  # noqa: SLF001
-            property,
-        )
-    )
+    _SPLICE = _internals.trio_can_splice(trio)
     _trio = trio
     return trio

@@ -15,12 +15,15 @@ from typing import Any, Final, final
 import redis
 
 from resilient._backends._watch import LINGER, WatchHub
+from resilient._core import _internals
 
 
 __all__ = ["RedisHub"]
 
 #: Longest sleep of the thread between two looks at its watchers.
 IDLE_CHECK: Final = LINGER / 2
+#: How often it looks at the connection where redis-py's socket is unknown.
+POLL: Final = 0.02
 
 
 def _text(value: Any) -> str:
@@ -58,11 +61,15 @@ class RedisHub(WatchHub):
                 subscribed = wanted
                 while conn.can_read(0):
                     self._read(conn.read_response())
+                # Without redis-py's socket (`redis_socket`): poll it.
+                sock = _internals.redis_socket(conn)
+                wake = self.wake_fd()
+                ready: list[Any] = [wake] if sock is None else [sock, wake]
                 select.select(
-                    [conn._sock, self.wake_fd()],  # noqa: SLF001 - its socket
+                    ready,
                     [],
                     [],
-                    IDLE_CHECK,
+                    POLL if sock is None else IDLE_CHECK,
                 )
         finally:
             conn.disconnect()

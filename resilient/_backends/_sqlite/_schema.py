@@ -53,6 +53,17 @@ SCHEMA: Final = (
     END""",
 )
 
+
+def numbered(*values: object) -> dict[str, object]:
+    """
+    The values of a statement with numbered placeholders (``?1``, ``?2``...),
+    bound by name: given a sequence, CPython 3.12.0 to 3.12.3 take ``?NNN``
+    for a named parameter and warn (a DeprecationWarning that 3.14 would make
+    an error); bound by name, every version reads them alike.
+    """
+    return {str(i): value for i, value in enumerate(values, 1)}
+
+
 # One statement grants and mints: fence = max(row + 1, floor + 1, wall µs).
 # ?1 name, ?2 owner, ?3 wall-clock µs, ?4 expiry, ?5 boot, ?6 the inode of
 # the lock file whose flock the taker holds (0: none), ?7 now (monotonic ns).

@@ -51,6 +51,7 @@ from resilient._backends._sqlite._schema import (
     SWEEP,
     SWEEP_EVERY,
     boot_id,
+    numbered,
 )
 
 
@@ -161,7 +162,7 @@ class SqliteBackend:
                         return busy
                 row = conn.execute(
                     ACQUIRE,
-                    (
+                    numbered(
                         key.hex,
                         owner.secret,
                         time.time_ns() // 1000,
@@ -254,7 +255,7 @@ class SqliteBackend:
                         continue
                     cursor = conn.execute(
                         RENEW,
-                        (
+                        numbered(
                             now + math.ceil(item.ttl * 1e9),
                             item.key.hex,
                             item.owner.secret,
