@@ -117,6 +117,7 @@ if __name__ == "__main__":
 
 try:
     import nox
+    import nox.command
 except ModuleNotFoundError:  # pragma: no cover
     if __name__ != "__main__":
         raise
@@ -277,31 +278,73 @@ def _pytest_args(session: nox.Session, default: str) -> list[str]:
 _SUITE = "not notebook and not storm"
 
 
+#: What pytest's exit statuses mean (pytest.ExitCode).
+PYTEST_STATUS = {
+    1: "tests failed",
+    2: "interrupted",
+    3: "internal error",
+    4: "usage error",
+    5: "no tests collected",
+}
+
+
+class _Steps:
+    """
+    Runs a session's steps to the end even when one fails, so that a failed
+    test still leaves the coverage report and the storms to run; then fails
+    the session naming each failed step and what its status means.
+    """
+
+    def __init__(self, session: nox.Session) -> None:
+        self.session = session
+        self.failed: list[str] = []
+
+    def run(self, *args: str, **kwargs: Any) -> None:
+        """Run a command; a failure is recorded, not raised."""
+        try:
+            self.session.run(*args, **kwargs)
+        except nox.command.CommandFailed as exc:
+            code = exc.return_code
+            said = f"`{' '.join(args)}` exited {code}"
+            if "pytest" in args and code in PYTEST_STATUS:
+                said += f" ({PYTEST_STATUS[code]})"
+            self.failed.append(said)
+
+    def end(self) -> None:
+        """Fail the session if a step failed."""
+        if self.failed:
+            self.session.error("; ".join(self.failed))
+
+
 def _run_tests(session: nox.Session) -> None:
     _install(session, "tests", extras=EXTRAS)
     args = _pytest_args(session, _SUITE)
+    steps = _Steps(session)
     session.run("coverage", "erase")
-    try:
-        session.run("coverage", "run", "-m", "pytest", *args)
-    finally:
-        session.run("coverage", "combine", success_codes=[0, 1])
+    steps.run("coverage", "run", "-m", "pytest", *args)
+    session.run("coverage", "combine", success_codes=[0, 1])
     if session.posargs:
         # A subset of the tests cannot reach the bar; report only.
         session.run("coverage", "report")
-        return
-    session.run("coverage", "report", "--fail-under=95")
-    session.run("pytest", "-m", "storm")
+    else:
+        steps.run("coverage", "report", "--fail-under=95")
+        steps.run("pytest", "-m", "storm")
+    steps.end()
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """
-    The test suite under coverage, on the interpreter running nox, with
-    the runtime libraries at their newest release; then the storms.
+    The test suite under coverage, then the storms (README's command).
+
+    On the interpreter running nox, the runtime libraries at their newest
+    release.
 
     Arguments after ``--`` go to pytest (and then coverage is reported, not
-    enforced). REDIS_URL, DATABASE_URL and RESILIENT_REQUIRE_SERVICES pass
-    through from the environment.
+    enforced). A failed test does not stop the coverage check or the
+    storms; the session fails at the end, naming what failed. REDIS_URL,
+    DATABASE_URL and RESILIENT_REQUIRE_SERVICES pass through from the
+    environment.
     """
     _run_tests(session)
 
@@ -309,24 +352,29 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHONS)
 def tests_matrix(session: nox.Session) -> None:
     """
-    The test suite on each Python of the classifiers (``-s
-    tests_matrix-3.13`` for one), without coverage (the `tests` session
-    measures it) and without the tests marked ``slow``: the fault and
-    timing sweeps that take the longest and exercise no code that differs
-    between Pythons, so they run once, in `tests`. The storms run here too.
+    The test suite on each Python of the classifiers, without coverage.
+
+    ``-s tests_matrix-3.13`` runs one. Coverage is measured once, in
+    `tests`; the tests marked ``slow`` (multi-process faults, a server
+    clock jump: real time, and no code a Python version changes) run only
+    there. The storms and injection sweeps run here too.
     """
     _install(session, "tests", extras=EXTRAS)
-    session.run("pytest", *_pytest_args(session, f"{_SUITE} and not slow"))
+    steps = _Steps(session)
+    steps.run("pytest", *_pytest_args(session, f"{_SUITE} and not slow"))
     if not session.posargs:
-        session.run("pytest", "-m", "storm")
+        steps.run("pytest", "-m", "storm")
+    steps.end()
 
 
 @nox.session(python=PYTHONS[0])
 def tests_lowest(session: nox.Session) -> None:
     """
-    The test suite with the runtime libraries (`RUNTIME`) at the lowest
-    versions pyproject.toml declares (`LOWEST`), on the oldest Python (some
-    of those releases predate the newest Pythons); without coverage.
+    The test suite on the lowest versions pyproject.toml declares.
+
+    The runtime libraries (`RUNTIME`) at their `LOWEST` pins, on the oldest
+    Python (some of those releases predate the newest Pythons); without
+    coverage.
     """
     if LOWEST.read_text(encoding="utf-8") != lowest_constraints(PYPROJECT):
         session.error(
@@ -340,9 +388,11 @@ def tests_lowest(session: nox.Session) -> None:
 @nox.session
 def constraints(session: nox.Session) -> None:
     """
-    Write `LOWEST` from pyproject's lower bounds, and `TOOLS` from the
-    newest release of every tool the groups name (and what they pull in),
-    leaving out the runtime libraries and what they pull in.
+    Rewrite constraints/: lowest.txt and tools.txt.
+
+    `LOWEST` from pyproject's lower bounds; `TOOLS` from the newest release
+    of every tool the groups name (and what they pull in), leaving out the
+    runtime libraries and what they pull in.
     """
     LOWEST.write_text(lowest_constraints(PYPROJECT), encoding="utf-8")
     groups = PYPROJECT["dependency-groups"]

@@ -121,16 +121,28 @@ def test_the_uv_notice_is_dropped_and_nothing_else(
 class FakeSession:
     """Records what a session installs and runs, running nothing."""
 
-    def __init__(self, posargs: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        posargs: Sequence[str] = (),
+        fails: dict[tuple[str, ...], int] | None = None,
+    ) -> None:
         self.posargs = list(posargs)
         self.installs: list[tuple[str, ...]] = []
         self.runs: list[tuple[str, ...]] = []
+        self.fails = fails or {}
 
     def install(self, *args: str) -> None:
         self.installs.append(args)
 
     def run(self, *args: str, **kwargs: object) -> None:
+        """Record *args*; fail with the status `fails` gives them."""
         self.runs.append(args)
+        if args in self.fails:
+            import nox.command
+
+            raise nox.command.CommandFailed(
+                "failed", return_code=self.fails[args]
+            )
 
     def error(self, message: str) -> NoReturn:
         raise AssertionError(message)
@@ -277,3 +289,34 @@ def test_slow_is_a_declared_marker_that_marks_tests() -> None:
         and "mark.slow" in p.read_text(encoding="utf-8")
     ]
     assert used
+
+
+def test_a_failed_test_run_still_reports_coverage_and_runs_the_storms(
+    noxfile: ModuleType,
+) -> None:
+    """
+    When the suite fails, `tests` still combines and checks the coverage
+    and runs the storms, then fails naming each failed step and what
+    pytest's status means; `tests_matrix` runs its storms too.
+    """
+    main = ("coverage", "run", "-m", "pytest", "-m", noxfile._SUITE)
+    storms = ("pytest", "-m", "storm")
+    session = FakeSession(fails={main: 1, storms: 2})
+    with pytest.raises(AssertionError) as info:
+        noxfile.tests(session)
+    assert session.runs[-3:] == [
+        ("coverage", "combine"),
+        ("coverage", "report", "--fail-under=95"),
+        storms,
+    ]
+    assert str(info.value) == (
+        f"`{' '.join(main)}` exited 1 (tests failed); "
+        "`pytest -m storm` exited 2 (interrupted)"
+    )
+    matrix = ("pytest", "-m", f"{noxfile._SUITE} and not slow")
+    session = FakeSession(fails={matrix: 5})
+    with pytest.raises(
+        AssertionError, match=r"exited 5 \(no tests collected\)"
+    ):
+        noxfile.tests_matrix(session)
+    assert session.runs == [matrix, storms]
