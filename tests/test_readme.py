@@ -76,12 +76,13 @@ def test_the_setup_names_the_pythons_and_sessions_ci_runs() -> None:
     root = README.parent
     setup = " ".join(_setup().split())
     ci = (root / ".ci" / "run").read_text(encoding="utf-8")
+    first = re.findall(r"^run_session (\S+)$", ci, flags=re.MULTILINE)
     sessions = re.findall(r"^for session in (.*); do$", ci, flags=re.MULTILINE)
-    beside = re.findall(r"^run_beside (.*)$", ci, flags=re.MULTILINE)
+    beside = re.findall(r"^others=\((.*)\)$", ci, flags=re.MULTILINE)
+    assert first == ["tests"]  # The README's command, first.
     assert sessions
     assert beside
-    names = [*sessions[0].split(), *beside[0].split()]
-    assert names[0] == "tests"  # The README's command, first.
+    names = [*first, *sessions[0].split(), *beside[0].split()]
     assert "python3 noxfile.py -s tests " in setup
     for name in ("tests_lowest", "tests_matrix", "notebooks"):
         assert any(n.startswith(name) for n in names), name
