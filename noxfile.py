@@ -14,8 +14,10 @@ An older Python is refused at once, before anything is installed.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -98,7 +100,9 @@ def _bootstrap() -> NoReturn:
                 "install",
                 "-q",
                 "--disable-pip-version-check",
-                "nox>=2024.4",
+                "-c",
+                str(ROOT / "constraints" / "tools.txt"),
+                "nox",
             ],
             check=True,
         )
@@ -113,6 +117,7 @@ if __name__ == "__main__":
 
 try:
     import nox
+    import nox.command
 except ModuleNotFoundError:  # pragma: no cover
     if __name__ != "__main__":
         raise
@@ -144,48 +149,298 @@ def _group(*names: str) -> tuple[str, ...]:
     return nox.project.dependency_groups(PYPROJECT, *names)
 
 
-def _install(session: nox.Session, *groups: str, extras: str = "") -> None:
-    """Install the project (with *extras*) and the dependency *groups*."""
-    session.install(f".{extras}", *_group(*groups))
+CONSTRAINTS = ROOT / "constraints"
+TOOLS = CONSTRAINTS / "tools.txt"
+"""The tools' pinned versions (linters, type checkers, test runner, docs,
+benchmark peers and what they pull in), for every session: a check gives
+the same verdict today and next month. Written by ``nox -s constraints``."""
+LOWEST = CONSTRAINTS / "lowest.txt"
+"""The runtime libraries at the lowest versions pyproject.toml declares,
+for `tests_lowest`. Written by ``nox -s constraints`` from pyproject."""
+
+RUNTIME = (
+    "anyio",
+    "attrs",
+    "httpx",
+    "matplotlib",
+    "opentelemetry-api",
+    "opentelemetry-sdk",
+    "psycopg",
+    "redis",
+    "requests",
+    "sniffio",
+    "trio",
+)
+"""The libraries the package runs on or integrates with: never pinned in
+`TOOLS` (the sessions test their newest release), pinned at their lowest
+declared version in `LOWEST`."""
+
+EXTRAS = "[otel,trio,redis,postgres]"
+"""The extras the test sessions install (plot is the notebooks')."""
+
+
+def _install(
+    session: nox.Session,
+    *groups: str,
+    extras: str = "",
+    lowest: bool = False,
+    project: bool = True,
+) -> None:
+    """
+    Install the project (with *extras*; unless not *project*) and the
+    dependency *groups*, the tools at their `TOOLS` pins (and, if *lowest*,
+    the runtime libraries at their `LOWEST` pins; else at their newest
+    release).
+    """
+    pins = ["-c", str(TOOLS)]
+    if lowest:
+        pins += ["-c", str(LOWEST)]
+    this = [f".{extras}"] if project else []
+    session.install(*pins, *this, *_group(*groups))
+
+
+def _normal(name: str) -> str:
+    """A distribution name as pip compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _name(requirement: str) -> str:
+    """The distribution name *requirement* starts with."""
+    match = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", requirement)
+    return match.group(0) if match else requirement
+
+
+def lower_bounds(pyproject: dict[str, Any]) -> dict[str, str]:
+    """
+    The lowest version pyproject declares of each `RUNTIME` library: the
+    ``>=`` bound of its requirements in ``[project]`` (dependencies and
+    extras) and in the ``tests`` group, which must agree.
+
+    Raises:
+        ValueError: A library with no bound, or with bounds that disagree.
+    """
+    from packaging.requirements import Requirement
+
+    project = pyproject["project"]
+    lines = [
+        *project.get("dependencies", ()),
+        *(
+            r
+            for rs in project.get("optional-dependencies", {}).values()
+            for r in rs
+        ),
+        *pyproject["dependency-groups"]["tests"],
+    ]
+    found: dict[str, set[str]] = {}
+    for line in lines:
+        req = Requirement(line)
+        name = _normal(req.name)
+        if name not in RUNTIME:
+            continue
+        bounds = {s.version for s in req.specifier if s.operator == ">="}
+        if len(bounds) != 1:
+            raise ValueError(f"pyproject.toml: {line!r} needs one >= bound")
+        found.setdefault(name, set()).update(bounds)
+    missing = sorted(set(RUNTIME) - found.keys())
+    if missing:
+        raise ValueError(f"pyproject.toml: no lower bound for {missing}")
+    for name, bounds in found.items():
+        if len(bounds) > 1:
+            raise ValueError(
+                f"pyproject.toml: {name} has lower bounds {sorted(bounds)}"
+            )
+    return {name: bounds.pop() for name, bounds in sorted(found.items())}
+
+
+def lowest_constraints(pyproject: dict[str, Any]) -> str:
+    """The text of `LOWEST` for *pyproject*."""
+    pins = [f"{n}=={v}" for n, v in lower_bounds(pyproject).items()]
+    return (
+        "# The runtime libraries at the lowest versions pyproject.toml\n"
+        "# declares: `python3 noxfile.py -s tests_lowest` runs the suite on\n"
+        "# them. Written by `python3 noxfile.py -s constraints`; a test\n"
+        "# (tests/test_noxfile.py) checks that it agrees with pyproject.\n"
+        + "".join(f"{pin}\n" for pin in pins)
+    )
+
+
+def _pytest_args(session: nox.Session, default: str) -> list[str]:
+    """pytest's arguments: the session's own, else ``-m`` *default*."""
+    args = list(session.posargs)
+    if "-m" not in args:
+        args = ["-m", default, *args]
+    return args
+
+
+# Notebooks start Jupyter kernels; their own session runs them. The storms
+# of asynchronous exceptions run in a pytest of their own, outside
+# coverage: its tracer loses some of them.
+_SUITE = "not notebook and not storm"
+
+
+#: What pytest's exit statuses mean (pytest.ExitCode).
+PYTEST_STATUS = {
+    1: "tests failed",
+    2: "interrupted",
+    3: "internal error",
+    4: "usage error",
+    5: "no tests collected",
+}
+
+
+class _Steps:
+    """
+    Runs a session's steps to the end even when one fails, so that a failed
+    test still leaves the coverage report and the storms to run; then fails
+    the session naming each failed step and what its status means.
+    """
+
+    def __init__(self, session: nox.Session) -> None:
+        self.session = session
+        self.failed: list[str] = []
+
+    def run(self, *args: str, **kwargs: Any) -> None:
+        """Run a command; a failure is recorded, not raised."""
+        try:
+            self.session.run(*args, **kwargs)
+        except nox.command.CommandFailed as exc:
+            code = exc.return_code
+            said = f"`{' '.join(args)}` exited {code}"
+            if "pytest" in args and code in PYTEST_STATUS:
+                said += f" ({PYTEST_STATUS[code]})"
+            self.failed.append(said)
+
+    def end(self) -> None:
+        """Fail the session if a step failed."""
+        if self.failed:
+            self.session.error("; ".join(self.failed))
 
 
 def _run_tests(session: nox.Session) -> None:
-    _install(session, "tests")
-    args = list(session.posargs)
-    if "-m" not in args:
-        # Notebooks start Jupyter kernels; their own session runs them.
-        # The storms of asynchronous exceptions run in a pytest of their
-        # own below, outside coverage: its tracer loses some of them.
-        args = ["-m", "not notebook and not storm", *args]
+    _install(session, "tests", extras=EXTRAS)
+    args = _pytest_args(session, _SUITE)
+    steps = _Steps(session)
     session.run("coverage", "erase")
-    try:
-        session.run("coverage", "run", "-m", "pytest", *args)
-    finally:
-        session.run("coverage", "combine", success_codes=[0, 1])
+    steps.run("coverage", "run", "-m", "pytest", *args)
+    session.run("coverage", "combine", success_codes=[0, 1])
     if session.posargs:
         # A subset of the tests cannot reach the bar; report only.
         session.run("coverage", "report")
-        return
-    session.run("coverage", "report", "--fail-under=95")
-    session.run("pytest", "-m", "storm")
+    else:
+        steps.run("coverage", "report", "--fail-under=95")
+        steps.run("pytest", "-m", "storm")
+    steps.end()
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """
-    The test suite under coverage, on the interpreter running nox.
+    The test suite under coverage, then the storms (README's command).
+
+    On the interpreter running nox, the runtime libraries at their newest
+    release.
 
     Arguments after ``--`` go to pytest (and then coverage is reported, not
-    enforced). REDIS_URL, DATABASE_URL and RESILIENT_REQUIRE_SERVICES pass
-    through from the environment.
+    enforced). A failed test does not stop the coverage check or the
+    storms; the session fails at the end, naming what failed. REDIS_URL,
+    DATABASE_URL and RESILIENT_REQUIRE_SERVICES pass through from the
+    environment.
     """
     _run_tests(session)
 
 
 @nox.session(python=PYTHONS)
 def tests_matrix(session: nox.Session) -> None:
-    """The test suite on every Python in the classifiers that is installed."""
-    _run_tests(session)
+    """
+    The test suite on each Python of the classifiers, without coverage.
+
+    ``-s tests_matrix-3.13`` runs one. Coverage is measured once, in
+    `tests`; the tests marked ``slow`` (multi-process faults, a server
+    clock jump: real time, and no code a Python version changes) run only
+    there. The storms and injection sweeps run here too.
+    """
+    _install(session, "tests", extras=EXTRAS)
+    steps = _Steps(session)
+    steps.run("pytest", *_pytest_args(session, f"{_SUITE} and not slow"))
+    if not session.posargs:
+        steps.run("pytest", "-m", "storm")
+    steps.end()
+
+
+@nox.session(python=PYTHONS[0])
+def tests_lowest(session: nox.Session) -> None:
+    """
+    The test suite on the lowest versions pyproject.toml declares.
+
+    The runtime libraries (`RUNTIME`) at their `LOWEST` pins, on the oldest
+    Python (some of those releases predate the newest Pythons); without
+    coverage.
+    """
+    if LOWEST.read_text(encoding="utf-8") != lowest_constraints(PYPROJECT):
+        session.error(
+            f"{LOWEST.relative_to(ROOT)} disagrees with pyproject.toml: "
+            "run python3 noxfile.py -s constraints"
+        )
+    _install(session, "tests", extras=EXTRAS, lowest=True)
+    session.run("pytest", *_pytest_args(session, _SUITE))
+
+
+@nox.session
+def constraints(session: nox.Session) -> None:
+    """
+    Rewrite constraints/: lowest.txt and tools.txt.
+
+    `LOWEST` from pyproject's lower bounds; `TOOLS` from the newest release
+    of every tool the groups name (and what they pull in), leaving out the
+    runtime libraries and what they pull in.
+    """
+    LOWEST.write_text(lowest_constraints(PYPROJECT), encoding="utf-8")
+    groups = PYPROJECT["dependency-groups"]
+    tools = [r for g in groups for r in _group(g)]
+    extras = [f".[{','.join(PYPROJECT['project']['optional-dependencies'])}]"]
+    everything = _resolve(session, "all", [*extras, *tools, "nox"])
+    # As the tests group names them (psycopg[binary] brings psycopg-binary).
+    named = [r for r in _group("tests") if _normal(_name(r)) in RUNTIME]
+    runtime = _resolve(session, "runtime", [*extras, *RUNTIME, *named])
+    pins = sorted(
+        f"{name}=={version}"
+        for name, version in everything.items()
+        if name not in runtime and name not in RUNTIME
+    )
+    TOOLS.write_text(
+        "# The tools' versions for every nox session (passed with -c):\n"
+        "# linters, type checkers, test runner, docs, benchmark peers and\n"
+        "# what they pull in; never a runtime library or what it pulls in\n"
+        "# (noxfile.RUNTIME: the sessions test their newest release).\n"
+        "# Written by `python3 noxfile.py -s constraints`.\n"
+        + "".join(f"{pin}\n" for pin in pins),
+        encoding="utf-8",
+    )
+
+
+def _resolve(
+    session: nox.Session, label: str, requirements: list[str]
+) -> dict[str, str]:
+    """What pip would install for *requirements* (newest releases)."""
+    report = Path(session.create_tmp()) / f"{label}.json"
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--dry-run",
+        "--ignore-installed",
+        "--report",
+        str(report),
+        *requirements,
+    )
+    items = json.loads(report.read_text(encoding="utf-8"))["install"]
+    return {
+        _normal(i["metadata"]["name"]): i["metadata"]["version"]
+        for i in items
+        if _normal(i["metadata"]["name"]) != "resilient"
+    }
 
 
 @nox.session
@@ -207,14 +462,13 @@ def typing_api(session: nox.Session) -> None:
     """pyright on tests/typing: the same API types as a second checker
     sees them (mypy_api is the first)."""
     _install(session, "typing")
-    session.install("pyright>=1.1.400")
     session.run("pyright", "tests/typing/api.py")
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check and codespell."""
-    session.install(*_group("lint"))
+    _install(session, "lint", project=False)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     # Named paths: a bare `codespell` would also read the virtual
@@ -237,7 +491,7 @@ def docs(session: nox.Session) -> None:
     # The examples use the OpenTelemetry SDK (instrumentation page).
     _install(session, "docs", extras="[otel]")
     if session.posargs == ["watch"]:
-        session.install("sphinx-autobuild")
+        session.install("-c", str(TOOLS), "sphinx-autobuild")
         session.run("sphinx-autobuild", "-W", "-n", "docs", "docs/_build/html")
         return
     common = ["-W", "-n", "--keep-going", "-T", "-q"]

@@ -28,7 +28,9 @@ from tests import services
 from tests.service_fixtures import missing_service
 
 
-pytestmark = pytest.mark.redis
+# slow: a real-time server clock jump, of code no Python version changes;
+# `tests_matrix` leaves it to the `tests` session.
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 TTL = 0.6

@@ -32,6 +32,11 @@ from tests.service_fixtures import Services
 from tests.services import PostgresServer, RedisServer
 
 
+# Real-time processes and servers killed, frozen and restarted: among the
+# longest tests, and of code no Python version changes (sockets, processes,
+# the backends' scripts); `tests_matrix` leaves them to the `tests` session.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 TTL = 0.3

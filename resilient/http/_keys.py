@@ -280,7 +280,7 @@ def _async_stream(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def needs_key(
     method: str,
-    headers: Mapping[str, str] | None,
+    headers: Mapping[str, str | bytes] | None,
     *,
     header: str = _HEADER,
 ) -> str | None:
@@ -289,6 +289,7 @@ def needs_key(
     key when the method is not idempotent and the request has none under
     *header* (``Idempotency-Key`` by default; give the name your server
     reads, and the same to `resilient.Transient`'s *idempotency_header*).
+    Header values may be `str` or `bytes`, as requests types them.
     """
     if method.upper() in IDEMPOTENT_METHODS:
         return None

@@ -9,10 +9,11 @@ fails the check if that error goes away.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any, Literal, assert_type
 
 import resilient
+import resilient.http
 import resilient.testing
 from resilient.exceptions import ConfigError, DeadlineExceeded
 from resilient.typing import Backoff, Clock
@@ -516,3 +517,16 @@ def _streams() -> None:
     async def main() -> None:
         async for token in atokens("hi"):
             assert_type(token, str)
+
+
+# resilient.http.needs_key takes the headers as each client types them.
+def _http_headers(
+    raw: Mapping[str, str | bytes], text: dict[str, str]
+) -> None:
+    """
+    requests' own annotations (2.34 and later) give a request's headers
+    ``str | bytes`` values; types-requests and httpx give ``str``.
+    """
+    assert_type(resilient.http.needs_key("POST", raw), str | None)
+    assert_type(resilient.http.needs_key("POST", text), str | None)
+    assert_type(resilient.http.needs_key("POST", None), str | None)

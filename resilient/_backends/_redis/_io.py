@@ -28,6 +28,7 @@ from resilient._backends._kept import (
     Slot,
     Slots,
 )
+from resilient._backends._redis._closed import closed_by_server
 from resilient._backends._redis._commands import (
     MAX_RENEW_BATCH,
     Command,
@@ -335,8 +336,11 @@ class AsyncRedisBackend:
                     # would drop the connection from the stack, uncounted.
                     conn = idle[-1]
                     del idle[-1]
-                    # The pool's own check at checkout: reconnects one the
-                    # server closed while it was kept.
+                    if closed_by_server(conn):
+                        # Connected anew below, in the same place.
+                        await conn.disconnect(nowait=True)
+                    # The pool's own check at checkout as well (connects a
+                    # disconnected one).
                     await self._pool.ensure_connection(conn)
                 else:
                     conn = await self._fresh(command)
