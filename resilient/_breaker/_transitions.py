@@ -108,6 +108,7 @@ def move(  # noqa: PLR0917 - a method: *self* counts
         self.opened_at = now
         self.open_until = now + interval
     self.times_opened += opened
+    self.free_until = -math.inf  # Closed: the window is empty.
     self.state = new
     self.epoch = epoch
     self.gate = gate
