@@ -259,3 +259,40 @@ def test_a_rate_reached_exactly_opens(
             permit.success()
     assert cb.state is BreakerState.OPEN
     assert cb.statistics().times_opened == 1
+
+
+@pytest.mark.parametrize("shape", ["decorator", "with", "permit", "policy"])
+@pytest.mark.parametrize("op", ["force_open", "trip"])
+def test_successes_queued_lock_free_survive_an_opening(
+    shape: str, op: str, driver: Driver, clock: Any
+) -> None:
+    """
+    Successes counted lock-free (the inbox) are in the window an open
+    breaker shows: S x 7 then `force_open()` shows 7 calls, and S x 7 then
+    F x 5 opens at 5 failures of 12 (at 4f15275 the inbox was dropped with
+    the closed state: 0 calls shown after `force_open`).
+    """
+    config = BreakerConfig(
+        window=CountWindow(20), minimum_calls=2, failure_rate=5 / 12
+    )
+    name, run = _guarded(shape, driver, config)
+    for _ in range(7):
+        run(True)
+    cb = get_breaker(name)
+    if op == "force_open":
+        cb.force_open()
+        s = cb.statistics()
+        assert (s.state, s.calls, s.failures) == (
+            BreakerState.FORCED_OPEN,
+            7,
+            0,
+        )
+        return
+    for _ in range(4):
+        with pytest.raises(ConnectionError):
+            run(False)
+    assert cb.state is BreakerState.CLOSED
+    with pytest.raises(ConnectionError):
+        run(False)
+    s = cb.statistics()
+    assert (s.state, s.calls, s.failures) == (BreakerState.OPEN, 12, 5)
