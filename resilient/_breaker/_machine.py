@@ -240,7 +240,9 @@ class _BreakerMachine:
                 return self._trip("failure_rate", now, exc)
             if w.slow / calls >= self._slow_rate:
                 return self._trip("slow_call_rate", now, exc)
-        self._free_inbox()
+            self.free_until = w.fills_until()  # `_free_inbox`, checked.
+        else:
+            self.free_until = -math.inf
         return None
 
     def _free_inbox(self) -> None:
