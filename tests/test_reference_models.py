@@ -31,20 +31,24 @@ shell (``acquire``/``aacquire``, the decorator, ``with``/``async with``, a
 `Policy` with a bulkhead; sync callers in threads, async ones in tasks, on
 asyncio and trio): requests that take a slot, queue or are refused,
 releases that hand the slot to the first waiter, waiters that time out
-(the clock moves) or leave (a task cancelled). The shells' examples are a
-quarter of ``RESILIENT_REFERENCE_EXAMPLES``: each caller is a thread or a
-task that the test waits for in real time.
+(the clock moves) or leave (a task cancelled). The shells run 30
+examples in CI (each caller is a thread or a task that the test waits for
+in real time).
 
-Examples: ``RESILIENT_REFERENCE_EXAMPLES`` (default 120, for CI: the whole
-module in about 25-35 s on the 2-core development machine).
-RELIABILITY.md test 31 is the by-hand run of 2,000::
+Examples: ``RESILIENT_REFERENCE_EXAMPLES`` (default 100, for CI: the whole
+module in about 25 s on the 2-core development machine, 50 s under
+coverage).
+RELIABILITY.md test 31 is the by-hand run of 2,000 for every test here
+(about 10 minutes there)::
 
     RESILIENT_REFERENCE_EXAMPLES=2000 PYTHONPATH=$PWD python -m pytest \\
         -p no:cacheprovider -q tests/test_reference_models.py
 
-At 4f15275 the breaker test fails within a few examples, on F, F, F, S, S
-(issue 15; the success that brings the window to *minimum_calls* was not
-checked).
+At 4f15275 the breaker test fails (check with ``PYTHONPATH`` on a checkout
+of it and these test files copied in) with two distinct failures: F, S at
+10 % of 2 left closed (issue 15: the success that brings the window to
+*minimum_calls* was not checked), and successes in the lock-free inbox
+lost when `force_open` left the closed state.
 """
 
 from __future__ import annotations
@@ -87,7 +91,12 @@ from tests.reference_models import (
 )
 
 
-EXAMPLES = int(os.environ.get("RESILIENT_REFERENCE_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("RESILIENT_REFERENCE_EXAMPLES", "100"))
+SHELL_EXAMPLES = (
+    EXAMPLES if "RESILIENT_REFERENCE_EXAMPLES" in os.environ else 30
+)
+"""The bulkhead shells' examples: 30 in CI (each caller is a thread or a
+task waited for in real time), as many as the others by hand."""
 
 _SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -1099,7 +1108,7 @@ async def _async_bulkhead(
 
 
 @settings(
-    max_examples=max(10, EXAMPLES // 4),
+    max_examples=SHELL_EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
