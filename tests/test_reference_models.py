@@ -151,7 +151,7 @@ STEPS = st.one_of(
     st.tuples(st.just("call"), OUTCOMES, st.integers(1, 6)),
     st.tuples(st.just("call"), OUTCOMES, st.integers(1, 6)),
     st.tuples(st.just("call"), OUTCOMES, st.integers(1, 6)),
-    st.tuples(st.just("start")),
+    st.tuples(st.just("start"), st.integers(1, 3)),
     st.tuples(st.just("end"), st.integers(0, 7), OUTCOMES),
     st.tuples(
         st.just("advance"),
@@ -166,8 +166,9 @@ STEPS = st.one_of(
 The steps of a schedule:
 
 - ``call``: *n* calls, each started and ended at once;
-- ``start`` / ``end``: a call left running while others run and the clock
-  moves (``end`` picks one of those running);
+- ``start`` / ``end``: *n* calls left running while others run and the
+  clock moves (probes in flight, among others; ``end`` picks one of those
+  running);
 - ``advance``: the clock moves;
 - ``wait``: the clock moves by the model's ``retry_after`` (to the end of
   the open interval, or of the oldest probe's time);
@@ -460,8 +461,9 @@ def _expand(schedule: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
                 yield ("start",)
                 yield ("end", -1, step[1])
         elif step[0] == "start":
-            running += 1
-            yield step
+            running += step[1]
+            for _ in range(step[1]):
+                yield ("start",)
         else:
             yield step
     for _ in range(running):
