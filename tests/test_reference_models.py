@@ -158,6 +158,8 @@ STEPS = st.one_of(
         st.sampled_from([0.125, 0.5, 1.0, 2.5, 10.0, 30.0, 61.0]),
     ),
     st.tuples(st.just("wait")),
+    st.tuples(st.just("relapse"), st.integers(1, 4)),
+    st.tuples(st.just("stall")),
     st.tuples(st.just("age")),
     st.tuples(st.just("look")),
     st.tuples(st.sampled_from(["force_open", "reset"])),
@@ -172,6 +174,9 @@ The steps of a schedule:
 - ``advance``: the clock moves;
 - ``wait``: the clock moves by the model's ``retry_after`` (to the end of
   the open interval, or of the oldest probe's time);
+- ``relapse``: *n* times a wait and a failed call (the probe: the open
+  interval grows to its cap);
+- ``stall``: the clock moves by exactly *probe_timeout*;
 - ``age``: by 59/60 of a time window (the edge where calls leave it);
 - ``look``: the statistics are compared;
 - ``force_open`` and ``reset``.
@@ -460,6 +465,11 @@ def _expand(schedule: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
             for _ in range(step[2]):
                 yield ("start",)
                 yield ("end", -1, step[1])
+        elif step[0] == "relapse":
+            for _ in range(step[1]):
+                yield ("wait",)
+                yield ("start",)
+                yield ("end", -1, "failure")
         elif step[0] == "start":
             running += step[1]
             for _ in range(step[1]):
@@ -473,9 +483,11 @@ def _expand(schedule: list[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
 
 def _wait(model: BreakerModel, now: float, kind: str) -> float:
     """The model's wait for a probe, or a short step (none, or forced);
-    or 59/60 of a time window."""
+    59/60 of a time window; or a probe's timeout."""
     if kind == "age":
         return model.size * 59 / 60 if model.window == "time" else 1.0
+    if kind == "stall":
+        return model.probe_timeout
     wait = model.retry_after(now)
     return wait if 0 < wait < 1e6 else 0.125
 
@@ -549,7 +561,7 @@ def _drive_sync(  # noqa: PLR0912 - one branch per step
             end(h)
         elif kind == "advance":
             clock.advance(step[1])
-        elif kind in {"wait", "age"}:
+        elif kind in {"wait", "age", "stall"}:
             clock.advance(_wait(model, now, kind))
         elif kind in {"force_open", "reset"}:
             getattr(model, kind)(now)
@@ -597,7 +609,7 @@ async def _drive_async(
                 await shapes.end(h)
             elif kind == "advance":
                 clock.advance(step[1])
-            elif kind in {"wait", "age"}:
+            elif kind in {"wait", "age", "stall"}:
                 clock.advance(_wait(model, now, kind))
             elif kind in {"force_open", "reset"}:
                 getattr(model, kind)(now)
