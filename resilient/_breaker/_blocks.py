@@ -220,7 +220,7 @@ def exit_block(cell: list[Any], *args: Any) -> None:
                     t = monotonic() if c is DEFAULT else c.now()
                 else:
                     t = 0.0
-                if t - permit.start < m.slow:
+                if t - permit.start < m.slow and t < m.free_until:
                     permit._done = True  # noqa: SLF001
                     inbox = gate[1]
                     inbox.append(t)

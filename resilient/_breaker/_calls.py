@@ -4,7 +4,8 @@ The decorator's shells: one closure per guarded function, sync or async.
 A closed breaker's call runs in the closure itself, with no call into the
 breaker before or after it: the machine's `gate` (the closed epoch and its
 inbox, one read) admits it, and a success that was not slow goes to the
-inbox in one atomic append (see `_BreakerMachine.absorb`). Everything
+inbox in one atomic append when the machine's `free_until` says it cannot
+open the breaker (see `_BreakerMachine._free_inbox`). Everything
 else (failures, slow calls, a breaker that is not closed) goes through the
 breaker's methods, under its lock, but for the common rejection (open,
 within its interval: see `CircuitBreaker._rejection`). A rejection is
@@ -87,6 +88,9 @@ def sync_wrapper(
                 return result
         else:
             end = 0.0
+        if end >= m.free_until:  # It may open the breaker: the lock.
+            cb._settle_closed(gate[0], start, 0)  # noqa: SLF001
+            return result
         inbox = gate[1]
         inbox.append(end)
         if len(inbox) >= INBOX_LIMIT:
@@ -134,6 +138,9 @@ def async_wrapper(
                 return result
         else:
             end = 0.0
+        if end >= m.free_until:  # It may open the breaker: the lock.
+            await cb._asettle_closed(gate[0], start, 0)  # noqa: SLF001
+            return result
         inbox = gate[1]
         inbox.append(end)
         if len(inbox) >= INBOX_LIMIT:

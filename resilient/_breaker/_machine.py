@@ -70,6 +70,7 @@ class _BreakerMachine:
         "config",
         "enforcing",
         "epoch",
+        "free_until",
         "gate",
         "interval",
         "name",
@@ -126,6 +127,11 @@ class _BreakerMachine:
         """While closed, the epoch and its inbox; None otherwise. One read
         tells a caller whether it may call without the lock, with which
         epoch, and where a plain success goes (see `absorb`)."""
+        self.free_until = -math.inf
+        """A closed call's success that was not slow and ended before this
+        time may go to the inbox, uncounted for now and unchecked; from it
+        on, or when it is -inf, it is counted under the lock (see
+        `_free_inbox`)."""
         self.open_until = self.opened_at = 0.0
         self.opened_by: BaseException | None = None
         """The failure that opened it, detached (see `detached`); None
@@ -228,21 +234,54 @@ class _BreakerMachine:
         w.add(code, now)
         calls = w.calls
         if calls >= self._min_calls:
-            if w.failures >= calls * self._fail_rate:
+            # Rates as quotients: ``failures >= calls * rate`` misreads
+            # 3 of 10 at 0.3 (10 * 0.3 is 3.0000000000000004).
+            if w.failures / calls >= self._fail_rate:
                 return self._trip("failure_rate", now, exc)
-            if w.slow >= calls * self._slow_rate:
+            if w.slow / calls >= self._slow_rate:
                 return self._trip("slow_call_rate", now, exc)
+            self.free_until = w.fills_until()  # `_free_inbox`, checked.
+        else:
+            self.free_until = -math.inf
         return None
+
+    def _free_inbox(self) -> None:
+        """
+        Set `free_until` after the window changed under the lock.
+
+        A success that was not slow lowers both rates, or keeps them, once
+        the window holds *minimum_calls* calls: with fewer, it may be the
+        call that brings the window to *minimum_calls* and opens the
+        breaker (F, F, F, S, S at 50 % of 5), so it is counted under the
+        lock and checked. The inbox is free, then, while closed, with the
+        window at *minimum_calls* or more and both rates under their
+        thresholds; for a count window until the next change under the
+        lock (`inf`), for a time window until its newest bucket ends (a
+        bucket that leaves may take calls or successes with it and raise
+        the rates; that success is counted under the lock, which checks).
+        """
+        w = self.window
+        calls = w.calls
+        if (
+            self.gate is None
+            or calls < self._min_calls
+            or w.failures / calls >= self._fail_rate
+            or w.slow / calls >= self._slow_rate
+        ):
+            self.free_until = -math.inf
+        else:
+            self.free_until = w.fills_until()
 
     def absorb(self) -> None:
         """
         Move the inbox's successes into the window.
 
-        A success of a closed call that was not slow can only lower the
-        rates, so the shell counts it without the lock: it appends the
-        call's end time to the closed epoch's inbox (one atomic step), and
-        the machine takes the inbox in before anything reads the window.
-        A success from an epoch that ended lands in an inbox nobody reads.
+        A success of a closed call that was not slow, ended before
+        `free_until`, cannot open the breaker (see `_free_inbox`), so the
+        shell counts it without the lock: it appends the call's end time to
+        the closed epoch's inbox (one atomic step), and the machine takes
+        the inbox in before anything reads the window. A success from an
+        epoch that ended lands in an inbox nobody reads.
         """
         gate = self.gate
         if gate is not None and gate[1]:
@@ -332,6 +371,7 @@ class _BreakerMachine:
         """Close and forget the window (and any forced opening)."""
         if self.state is _CLOSED:
             self.absorb()
+            self.free_until = -math.inf  # First: the window empties.
             self.window.clear()
             self.interval = self.config.open_interval
             return None
@@ -355,6 +395,7 @@ class _BreakerMachine:
         self.absorb()
         w = self.window
         w.expire(now)
+        self._free_inbox()  # Buckets may have left.
         calls = w.calls
         return BreakerStatistics(
             name=self.name,

@@ -43,10 +43,11 @@ def record(  # noqa: PLR0917 - a method: *self* counts
     """
     Count one call's outcome; the state changes to report, if any.
 
-    A closed call's success that was not slow goes to the epoch's inbox
-    without the lock (it cannot open the breaker; see
-    `_BreakerMachine.absorb`), an ignored closed call changes nothing;
-    everything else is counted under the lock.
+    A closed call's success that was not slow and ended before the
+    machine's `free_until` goes to the epoch's inbox without the lock (it
+    cannot open the breaker; see `_BreakerMachine._free_inbox`), an
+    ignored closed call changes nothing; everything else is counted under
+    the lock.
     """
     c = _clock._clock  # noqa: SLF001
     t = time.monotonic() if c is DEFAULT else c.now()
@@ -60,7 +61,12 @@ def record(  # noqa: PLR0917 - a method: *self* counts
             return None
         m = self._m
         gate = m.gate
-        if gate is not None and gate[0] == epoch and t - start < m.slow:
+        if (
+            gate is not None
+            and gate[0] == epoch
+            and t - start < m.slow
+            and t < m.free_until
+        ):
             inbox = gate[1]
             inbox.append(t)
             if len(inbox) >= INBOX_LIMIT:

@@ -77,6 +77,10 @@ def move(  # noqa: PLR0917 - a method: *self* counts
     breaker still closed, or a change nobody heard of).
     """
     old = self.state
+    if old is _CLOSED:
+        # The inbox's successes belong to the window an open breaker
+        # still shows; its gate goes with the change.
+        self.absorb()
     epoch = self.epoch + 1
     closing = new is _CLOSED
     gate: Gate | None = (epoch, collections.deque()) if closing else None
@@ -108,6 +112,7 @@ def move(  # noqa: PLR0917 - a method: *self* counts
         self.opened_at = now
         self.open_until = now + interval
     self.times_opened += opened
+    self.free_until = -math.inf  # Closed: the window is empty.
     self.state = new
     self.epoch = epoch
     self.gate = gate

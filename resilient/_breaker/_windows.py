@@ -16,6 +16,7 @@ exception at the pop's return lost it.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Final, final
 
 
@@ -85,6 +86,11 @@ class CountRing:
     def expire(self, now: float) -> None:
         """Nothing expires by time in a count window."""
 
+    def fills_until(self) -> float:
+        """Until when successes fill the window with nothing leaving it by
+        time: for ever."""
+        return math.inf
+
     def clear(self) -> None:
         """Forget every outcome."""
         self._ring[:] = bytes(len(self._ring))
@@ -142,6 +148,18 @@ class TimeRing:
                 self.slow -= s[j]
                 c[j] = f[j] = s[j] = 0
         self._head = b
+
+    def fills_until(self) -> float:
+        """
+        Until when successes fill the newest bucket, none leaving the
+        window: the newest bucket's end, or a little before (every time
+        before it floors into the newest bucket, as `add` floors).
+        """
+        head, width = self._head, self._width
+        end = (head + 1) * width
+        while end // width > head:  # Rounded past the bucket's end.
+            end = math.nextafter(end, -math.inf)
+        return end
 
     def add(self, code: int, now: float) -> None:
         """Enter one outcome's code in the bucket of *now*."""
