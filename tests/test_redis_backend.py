@@ -9,6 +9,7 @@ async twin (asyncio, and trio through threads).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
@@ -28,6 +29,7 @@ from resilient._backends import (
 )
 from resilient.exceptions import LockBackendError
 from tests.backend_shells import Shell, open_shell
+from tests.faultproxy import FaultProxy
 from tests.service_fixtures import RUN_ID, with_query
 from tests.services import RedisServer
 
@@ -420,7 +422,6 @@ def test_afenced_set_with_the_asyncio_client(
     redis_url: str, namespace: str
 ) -> None:
     """The asyncio twin applies the same check, also after SCRIPT FLUSH."""
-    import asyncio
 
     import redis.asyncio
 
@@ -437,3 +438,48 @@ def test_afenced_set_with_the_asyncio_client(
         return out
 
     assert asyncio.run(main()) == [True, False, True]
+
+
+def test_an_async_release_wakes_the_head_before_its_answer(
+    redis_server: RedisServer,
+) -> None:
+    """
+    An asyncio release made in this process wakes the head of the lock's
+    line in this process as soon as its request is written, before the
+    store answers it: the head's acquire, sent after the release on
+    another connection, overlaps the release's round trip instead of
+    following it (a hand-over between two tasks of one loop cost two round
+    trips in a row). Here the store never answers the release (a
+    blackholed link), and the head was woken all the same.
+    """
+    key = LockKey.of("early")
+
+    async def main(url: str, proxy: FaultProxy) -> list[int]:
+        backend = _redis.async_backend(url)
+        seen: list[int] = []
+        here = threading.get_ident()
+
+        def notify() -> None:
+            # Not the listener thread's (a spurious wake-up as it starts
+            # listening, or the store's notice): the release's own.
+            if threading.get_ident() == here:
+                seen.append(1)
+
+        holder = OwnerToken()
+        try:
+            assert isinstance(await backend.acquire(key, holder, 5.0), Grant)
+            stop = backend.watch(key, notify)
+            try:
+                proxy.blackhole()
+                with pytest.raises(LockBackendError):
+                    await backend.release(key, holder)
+            finally:
+                stop()
+        finally:
+            proxy.heal()
+            await backend.aclose()
+        return seen
+
+    with FaultProxy(redis_server.port) as proxy:
+        url = proxy.url("redis", "/0?timeout=0.3")
+        assert asyncio.run(main(url, proxy)) == [1]

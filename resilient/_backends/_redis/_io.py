@@ -311,17 +311,28 @@ class AsyncRedisBackend:
     def __repr__(self) -> str:
         return f"AsyncRedisBackend(namespace={self._commands.namespace!r})"
 
-    async def _run(self, command: Command, *, urgent: bool = False) -> Any:
+    async def _run(
+        self,
+        command: Command,
+        *,
+        urgent: bool = False,
+        sent: Callable[[], None] | None = None,
+    ) -> Any:
+        """One call (*sent* is called once its request is written)."""
         if command.limit <= 0:
             raise _timed_out(command, self._options.where)
         slot = Slot(self._slots)
         try:
-            return await self._run_held(command, slot, urgent=urgent)
+            return await self._run_held(command, slot, urgent, sent)
         finally:
             slot.give()
 
     async def _run_held(
-        self, command: Command, slot: Slot, *, urgent: bool
+        self,
+        command: Command,
+        slot: Slot,
+        urgent: bool,
+        sent: Callable[[], None] | None,
     ) -> Any:
         """One call on a connection once `AsyncSlots` has room for it (the
         wait counted in the call's limit); kept if it answered."""
@@ -340,7 +351,7 @@ class AsyncRedisBackend:
                     await self._pool.ensure_connection(conn)
                 else:
                     conn = await self._fresh(command)
-                reply = await self._call(conn, command)
+                reply = await self._call(conn, command, sent)
         except BaseException as exc:
             if conn is not None and conn not in idle:
                 # No call from the test to the count: it is exact even if
@@ -387,8 +398,12 @@ class AsyncRedisBackend:
                 raise
 
     @staticmethod
-    async def _call(conn: Any, command: Command) -> Any:
+    async def _call(
+        conn: Any, command: Command, sent: Callable[[], None] | None
+    ) -> Any:
         await conn.send_command(*command.evalsha())
+        if sent is not None:
+            sent()
         try:
             return await conn.read_response()
         except rx.NoScriptError:
@@ -415,11 +430,22 @@ class AsyncRedisBackend:
         return Commands.read_renew(reply, len(batch))
 
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
+        """
+        Compare-and-delete; the head of this process's line for *key* is
+        woken twice: once the request is written (`WatchHub.hint`: its
+        acquire, sent after ours, overlaps our round trip, and the store,
+        which reads requests in the order they arrive, mostly answers the
+        release first), and once it is answered (`WatchHub.tell`: a head
+        whose early acquire was answered "busy" looks again).
+        """
+        channel = self._commands.channel(key)
         command = self._commands.release(key, owner)
-        reply = await self._run(command, urgent=True)
+        reply = await self._run(
+            command, urgent=True, sent=lambda: self._hub.hint(channel)
+        )
         result = Commands.read_release(reply)
         if result is ReleaseResult.RELEASED:
-            self._hub.tell(self._commands.channel(key), here=True)
+            self._hub.tell(channel, here=True)
         return result
 
     def watch(
