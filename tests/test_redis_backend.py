@@ -15,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -483,3 +484,53 @@ def test_an_async_release_wakes_the_head_before_its_answer(
     with FaultProxy(redis_server.port) as proxy:
         url = proxy.url("redis", "/0?timeout=0.3")
         assert asyncio.run(main(url, proxy)) == [1]
+
+
+def test_an_asyncio_call_runs_in_its_callers_task(
+    redis_url: str, namespace: str
+) -> None:
+    """
+    An asyncio call of the Redis backend runs in the caller's task: no
+    task of its own per command. redis-py sends through
+    ``asyncio.wait_for`` when its connection has a socket timeout, which
+    before Python 3.12 wraps the send in a new task: two more turns of the
+    event loop per call, on every hand-over of a lock between tasks. The
+    backend's own limit (``fail_after``) bounds the call instead
+    (``test_paused_server_ends_each_call_within_its_limit``).
+    """
+    url = with_query(redis_url, namespace=namespace)
+    key = LockKey.of("no-task")
+
+    async def main() -> int:
+        backend = _redis.async_backend(url)
+        loop = asyncio.get_running_loop()
+        made: list[object] = []
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+        ) -> asyncio.Task[Any]:
+            made.append(coro)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        try:
+            owner = OwnerToken()
+            assert isinstance(await backend.acquire(key, owner, 5.0), Grant)
+            loop.set_task_factory(factory)
+            try:
+                assert await backend.release(key, owner) is (
+                    ReleaseResult.RELEASED
+                )
+                assert isinstance(
+                    await backend.acquire(key, owner, 5.0), Grant
+                )
+                assert await backend.renew([Renewal(key, owner, 5.0)]) == [
+                    True
+                ]
+                await backend.release(key, owner)
+            finally:
+                loop.set_task_factory(None)
+        finally:
+            await backend.aclose()
+        return len(made)
+
+    assert asyncio.run(main()) == 0

@@ -55,18 +55,22 @@ __all__ = ["AsyncRedisBackend", "RedisBackend"]
 _POOL_OPTIONS: Final = ("socket_timeout", "socket_connect_timeout")
 
 
-def _new_connection(pool: Any, limit: float) -> Any:
+def _new_connection(
+    pool: Any, limit: float, *, io_limit: float | None = None
+) -> Any:
     """
     A connection of *pool*'s class and options (TLS, password, database,
     every URL option), not yet connected, whose connect and handshake take
-    no more than *limit* (its later reads get their own limit). Made here,
-    not checked out: the pool's checkout and release count it in a strong
-    set and against ``max_connections``, and an interrupt inside either
-    (or between a checkout and our ``try``) left it counted for good.
+    no more than *limit*, and each later write or read *io_limit* (None:
+    none of redis-py's; the sync calls give their reads their own). Made
+    here, not checked out: the pool's checkout and release count it in a
+    strong set and against ``max_connections``, and an interrupt inside
+    either (or between a checkout and our ``try``) left it counted for
+    good.
     """
     kwargs = dict(pool.connection_kwargs)
-    for option in _POOL_OPTIONS:
-        kwargs[option] = limit
+    kwargs["socket_connect_timeout"] = limit
+    kwargs["socket_timeout"] = io_limit
     return pool.connection_class(**kwargs)
 
 
@@ -140,7 +144,10 @@ class RedisBackend:
         if count.open >= count.limit:
             exc = _too_many(count.limit)
             raise backend_error(exc, command, self._options) from exc
-        kept = _Kept(_new_connection(self._pool, command.limit), count)
+        kept = _Kept(
+            _new_connection(self._pool, command.limit, io_limit=command.limit),
+            count,
+        )
         try:
             kept.conn.connect()
         except BaseException as exc:
@@ -375,6 +382,11 @@ class AsyncRedisBackend:
         count = self._count
         if count.open >= count.limit:
             raise _too_many(count.limit)
+        # No socket timeout of redis-py's: the caller's ``fail_after``
+        # bounds the whole call, and with one, redis-py sends each command
+        # through ``asyncio.wait_for``, which before Python 3.12 runs it as
+        # a task of its own (two more turns of the loop per call: a
+        # fifth of an asyncio hand-over of a Redis lock under load).
         conn = _new_connection(self._pool, command.limit)
         count.open += 1
         try:
