@@ -534,3 +534,53 @@ def test_an_asyncio_call_runs_in_its_callers_task(
         return len(made)
 
     assert asyncio.run(main()) == 0
+
+
+def test_an_async_release_does_not_wake_the_next_head_once_the_lock_went_on(
+    redis_url: str, namespace: str
+) -> None:
+    """
+    The head woken by an asyncio release's early wake-up took the lock and
+    left the line before the release was answered: the answer wakes nobody
+    (the next one in line would only find the lock held: one wasted request
+    to the store per hand-over, and a turn of its task during the hold).
+    """
+    url = with_query(redis_url, namespace=namespace)
+    key = LockKey.of("went-on")
+
+    async def main() -> list[str]:
+        backend = _redis.async_backend(url)
+        hub = backend._hub  # type: ignore[attr-defined]
+        channel = backend._commands.channel(key)  # type: ignore[attr-defined]
+        here = threading.get_ident()
+        woken: list[str] = []
+        stops: dict[str, Callable[[], None]] = {}
+
+        def first() -> None:
+            if threading.get_ident() == here and "first" in stops:
+                woken.append("first")
+                # It got the lock (as its early acquire would) and leaves.
+                hub.granted(channel, asyncio.current_task())
+                stops.pop("first")()
+
+        def second() -> None:
+            if threading.get_ident() == here:
+                woken.append("second")
+
+        holder = OwnerToken()
+        try:
+            assert isinstance(await backend.acquire(key, holder, 5.0), Grant)
+            stops["first"] = backend.watch(key, first)
+            stops["second"] = backend.watch(key, second)
+            try:
+                assert await backend.release(key, holder) is (
+                    ReleaseResult.RELEASED
+                )
+            finally:
+                for stop in stops.values():
+                    stop()
+        finally:
+            await backend.aclose()
+        return woken
+
+    assert asyncio.run(main()) == ["first"]

@@ -210,7 +210,9 @@ class WatchHub:
         with self._lock:
             return set(self._watchers)
 
-    def tell(self, channel: str, *, here: bool = False) -> None:
+    def tell(
+        self, channel: str, *, here: bool = False, hinted: object = None
+    ) -> None:
         """
         Notify the head of *channel*'s line: the lock was released. A
         release made *here*, in this process, tells at once (the head need
@@ -218,6 +220,10 @@ class WatchHub:
         release, within `ECHO` seconds, is taken for its echo and not told
         again (a notice that overtook its release's reply is told, and a
         later one swallowed instead: a waiter then looks on its backoff).
+        A release that *hinted* a head (`hint`) tells only that head, if it
+        still heads the line: once it left, the lock went to it (or its
+        leaving woke the next one), and the next one would only find the
+        lock held, one wasted request per hand-over.
         """
         now = time.monotonic()
         with self._lock:
@@ -229,21 +235,25 @@ class WatchHub:
                     self._echoes[channel] = (count - 1, since)
                 return
             line = self._watchers.get(channel)
-            notify = line[0].notify if line else None
-        if notify is not None:
-            _call(notify)
+            head = line[0] if line else None
+            if hinted is not None and head is not hinted:
+                head = None
+        if head is not None:
+            _call(head.notify)
 
-    def hint(self, channel: str) -> None:
+    def hint(self, channel: str) -> object:
         """
         Notify the head of *channel*'s line: a release made here was sent,
         not yet answered (a spurious wake-up at worst; not an echo: the
-        `tell` of its answer counts that).
+        `tell` of its answer counts that). Returns the head woken (None if
+        nobody waits), for that `tell`.
         """
         with self._lock:
             line = self._watchers.get(channel)
-            notify = line[0].notify if line else None
-        if notify is not None:
-            _call(notify)
+            head = line[0] if line else None
+        if head is not None:
+            _call(head.notify)
+        return head
 
     def tell_all(self) -> None:
         """Notify the head of every line (a spurious wake-up: see the

@@ -382,11 +382,9 @@ class AsyncRedisBackend:
         count = self._count
         if count.open >= count.limit:
             raise _too_many(count.limit)
-        # No socket timeout of redis-py's: the caller's ``fail_after``
-        # bounds the whole call, and with one, redis-py sends each command
-        # through ``asyncio.wait_for``, which before Python 3.12 runs it as
-        # a task of its own (two more turns of the loop per call: a
-        # fifth of an asyncio hand-over of a Redis lock under load).
+        # No socket timeout of redis-py's (the caller's ``fail_after`` is
+        # the limit): with one, each send goes through ``wait_for``, a
+        # task of its own before Python 3.12 (two more turns of the loop).
         conn = _new_connection(self._pool, command.limit)
         count.open += 1
         try:
@@ -443,21 +441,20 @@ class AsyncRedisBackend:
 
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
         """
-        Compare-and-delete; the head of this process's line for *key* is
-        woken twice: once the request is written (`WatchHub.hint`: its
-        acquire, sent after ours, overlaps our round trip, and the store,
-        which reads requests in the order they arrive, mostly answers the
-        release first), and once it is answered (`WatchHub.tell`: a head
-        whose early acquire was answered "busy" looks again).
+        Compare-and-delete, waking the head of this process's line once the
+        request is written (`WatchHub.hint`: its acquire overlaps our round
+        trip; the store mostly reads ours first), and once it is answered
+        if still head (`WatchHub.tell`: its early try was answered busy).
         """
-        channel = self._commands.channel(key)
+        channel, hub = self._commands.channel(key), self._hub
         command = self._commands.release(key, owner)
+        hinted: list[object] = []
         reply = await self._run(
-            command, urgent=True, sent=lambda: self._hub.hint(channel)
+            command, urgent=True, sent=lambda: hinted.append(hub.hint(channel))
         )
         result = Commands.read_release(reply)
         if result is ReleaseResult.RELEASED:
-            self._hub.tell(channel, here=True)
+            hub.tell(channel, here=True, hinted=hinted[0] if hinted else None)
         return result
 
     def watch(
