@@ -7,12 +7,14 @@ threads join the line of one held lock, one after another (a waiter every
 the lock, holds it ``--hold-ms`` and releases it. Measured per backend:
 
 - connections: the most connections of this process to the server
-  (sampled every 10 ms: Redis ``CLIENT LIST``, PostgreSQL
-  ``pg_stat_activity``, by a name of the run's own on the lock URL; from
-  a process of its own: a sampling thread in the measured process takes
-  its GIL every 10 ms, and on a loaded machine that alone added 0.5 to
-  1 ms to each asyncio hand-over, which the hand-over baseline, measured
-  without it, does not pay), against
+  (sampled every 50 ms, from a process of its own: Redis ``CLIENT LIST``,
+  PostgreSQL ``pg_stat_activity``, by a name of the run's own on the lock
+  URL; a sampling thread in the measured process took its GIL every
+  10 ms, which on a loaded machine added 0.5 to 1 ms to each asyncio
+  hand-over on Redis, a cost the hand-over baseline, measured without
+  it, does not pay; and a process sampling every 10 ms took a core's
+  share from PostgreSQL; a pool keeps its connections far longer than
+  50 ms), against
   the documented bound: ``max_connections`` (10) for the event loop, 10
   for the threads' sync store, and one listener;
 - time: from the holder's release to the last release, against 1.2x the
@@ -65,6 +67,9 @@ if TYPE_CHECKING:
 #: The documented bound: an event loop's pool, the sync store's, the
 #: listener (docs/design.md, "The store layer").
 BOUND = 10 + 10 + 1
+
+#: Seconds between two counts of the connections (`PeakSampler`).
+SAMPLE_EVERY = 0.05
 
 
 @dataclass
@@ -140,12 +145,13 @@ def tagged(
 
 def _sample_peak(kind: str, server_url: str, url: str, pipe: Any) -> None:
     """In a process of its own: the peak of the run's connections, sampled
-    every 10 ms until told to stop through *pipe*, sent back on it."""
+    every `SAMPLE_EVERY` seconds until told to stop through *pipe*, sent
+    back on it."""
     query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
     name = (query.get("client_name") or query["application_name"])[0]
     _, count = tagged(kind, server_url, name)
     peak = 0
-    while not pipe.poll(0.01):
+    while not pipe.poll(SAMPLE_EVERY):
         peak = max(peak, count())
     pipe.send(peak)
 
