@@ -7,8 +7,14 @@ threads join the line of one held lock, one after another (a waiter every
 the lock, holds it ``--hold-ms`` and releases it. Measured per backend:
 
 - connections: the most connections of this process to the server
-  (sampled every 10 ms: Redis ``CLIENT LIST``, PostgreSQL
-  ``pg_stat_activity``, by a name of the run's own on the lock URL), against
+  (sampled every 50 ms, from a process of its own: Redis ``CLIENT LIST``,
+  PostgreSQL ``pg_stat_activity``, by a name of the run's own on the lock
+  URL; a sampling thread in the measured process took its GIL every
+  10 ms, which on a loaded machine added 0.5 to 1 ms to each asyncio
+  hand-over on Redis, a cost the hand-over baseline, measured without
+  it, does not pay; and a process sampling every 10 ms took a core's
+  share from PostgreSQL; a pool keeps its connections far longer than
+  50 ms), against
   the documented bound: ``max_connections`` (10) for the event loop, 10
   for the threads' sync store, and one listener;
 - time: from the holder's release to the last release, against 1.2x the
@@ -35,14 +41,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import statistics
 import sys
 import threading
 import time
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +67,9 @@ if TYPE_CHECKING:
 #: The documented bound: an event loop's pool, the sync store's, the
 #: listener (docs/design.md, "The store layer").
 BOUND = 10 + 10 + 1
+
+#: Seconds between two counts of the connections (`PeakSampler`).
+SAMPLE_EVERY = 0.05
 
 
 @dataclass
@@ -97,10 +108,12 @@ class Load:
         return sum(i == s for i, s in enumerate(self.order)) / len(self.order)
 
 
-def tagged(kind: str, server_url: str) -> tuple[str, Callable[[], int]]:
-    """A lock URL whose connections carry a name of their own, and a
-    count of the server's connections carrying it."""
-    name = f"bench{uuid.uuid4().hex[:10]}"
+def tagged(
+    kind: str, server_url: str, name: str | None = None
+) -> tuple[str, Callable[[], int]]:
+    """A lock URL whose connections carry a name of their own (*name*, or
+    a new one), and a count of the server's connections carrying it."""
+    name = name or f"bench{uuid.uuid4().hex[:10]}"
     join = "&" if "?" in server_url else "?"
     if kind == "redis":
         import redis
@@ -128,6 +141,42 @@ def tagged(kind: str, server_url: str) -> tuple[str, Callable[[], int]]:
         return int(row[0]) if row else 0
 
     return url, count_pg
+
+
+def _sample_peak(kind: str, server_url: str, url: str, pipe: Any) -> None:
+    """In a process of its own: the peak of the run's connections, sampled
+    every `SAMPLE_EVERY` seconds until told to stop through *pipe*, sent
+    back on it."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+    name = (query.get("client_name") or query["application_name"])[0]
+    _, count = tagged(kind, server_url, name)
+    peak = 0
+    while not pipe.poll(SAMPLE_EVERY):
+        peak = max(peak, count())
+    pipe.send(peak)
+
+
+class PeakSampler:
+    """`_sample_peak` in a child process (a context manager); ``peak`` once
+    it is left."""
+
+    def __init__(self, kind: str, server_url: str, url: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._pipe, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_sample_peak, args=(kind, server_url, url, child)
+        )
+        self.peak = 0
+
+    def __enter__(self) -> Self:
+        self._proc.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._pipe.send("stop")
+        if self._pipe.poll(10):
+            self.peak = int(self._pipe.recv())
+        self._proc.join(10)
 
 
 def handover(url: str, rounds: int, hold: float) -> float:
@@ -161,7 +210,7 @@ def handover(url: str, rounds: int, hold: float) -> float:
 
 def run_load(  # noqa: C901, PLR0915, PLR0917
     url: str,
-    count: Callable[[], int],
+    count: Callable[[], int] | None,
     tasks: int,
     threads: int,
     hold: float,
@@ -169,7 +218,8 @@ def run_load(  # noqa: C901, PLR0915, PLR0917
     handover_seconds: float,
     ttl: float = 5.0,
 ) -> Load:
-    """One run: see the module."""
+    """One run: see the module (*count* sampled in a thread of this
+    process, unless None: then the caller samples)."""
     name = f"load-{uuid.uuid4().hex[:8]}"
     result = Load(tasks + threads, hold, handover_seconds)
     seats: dict[str, int] = {}
@@ -178,7 +228,7 @@ def run_load(  # noqa: C901, PLR0915, PLR0917
     done = threading.Event()
 
     def sample() -> None:
-        while not done.is_set():
+        while count is not None and not done.is_set():
             result.peak_connections = max(result.peak_connections, count())
             done.wait(0.01)
 
@@ -311,18 +361,20 @@ def main() -> None:
     urls, started = _servers(args)
     try:
         for kind, server_url in urls.items():
-            url, count = tagged(kind, server_url)
+            url, _count = tagged(kind, server_url)
             hold = args.hold_ms / 1000
             base = handover(url, args.handover_rounds, hold)
-            load = run_load(
-                url,
-                count,
-                args.tasks,
-                args.threads,
-                hold,
-                args.spacing_ms / 1000,
-                base,
-            )
+            with PeakSampler(kind, server_url, url) as sampler:
+                load = run_load(
+                    url,
+                    None,
+                    args.tasks,
+                    args.threads,
+                    hold,
+                    args.spacing_ms / 1000,
+                    base,
+                )
+            load.peak_connections = sampler.peak
             print(
                 f"{kind}: {load.waiters} waiters ({args.tasks} tasks,"
                 f" {args.threads} threads), {args.hold_ms:g} ms holds\n"

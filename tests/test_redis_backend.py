@@ -9,11 +9,13 @@ async twin (asyncio, and trio through threads).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -29,6 +31,7 @@ from resilient._backends import (
 )
 from resilient.exceptions import LockBackendError
 from tests.backend_shells import Shell, open_shell
+from tests.faultproxy import FaultProxy
 from tests.service_fixtures import RUN_ID, with_query
 from tests.services import RedisServer
 
@@ -447,7 +450,6 @@ def test_afenced_set_with_the_asyncio_client(
     redis_url: str, namespace: str
 ) -> None:
     """The asyncio twin applies the same check, also after SCRIPT FLUSH."""
-    import asyncio
 
     import redis.asyncio
 
@@ -464,3 +466,148 @@ def test_afenced_set_with_the_asyncio_client(
         return out
 
     assert asyncio.run(main()) == [True, False, True]
+
+
+def test_an_async_release_wakes_the_head_before_its_answer(
+    redis_server: RedisServer,
+) -> None:
+    """
+    An asyncio release made in this process wakes the head of the lock's
+    line in this process as soon as its request is written, before the
+    store answers it: the head's acquire, sent after the release on
+    another connection, overlaps the release's round trip instead of
+    following it (a hand-over between two tasks of one loop cost two round
+    trips in a row). Here the store never answers the release (a
+    blackholed link), and the head was woken all the same.
+    """
+    key = LockKey.of("early")
+
+    async def main(url: str, proxy: FaultProxy) -> list[int]:
+        backend = _redis.async_backend(url)
+        seen: list[int] = []
+        here = threading.get_ident()
+
+        def notify() -> None:
+            # Not the listener thread's (a spurious wake-up as it starts
+            # listening, or the store's notice): the release's own.
+            if threading.get_ident() == here:
+                seen.append(1)
+
+        holder = OwnerToken()
+        try:
+            assert isinstance(await backend.acquire(key, holder, 5.0), Grant)
+            stop = backend.watch(key, notify)
+            try:
+                proxy.blackhole()
+                with pytest.raises(LockBackendError):
+                    await backend.release(key, holder)
+            finally:
+                stop()
+        finally:
+            proxy.heal()
+            await backend.aclose()
+        return seen
+
+    with FaultProxy(redis_server.port) as proxy:
+        url = proxy.url("redis", "/0?timeout=0.3")
+        assert asyncio.run(main(url, proxy)) == [1]
+
+
+def test_an_asyncio_call_runs_in_its_callers_task(
+    redis_url: str, namespace: str
+) -> None:
+    """
+    An asyncio call of the Redis backend runs in the caller's task: no
+    task of its own per command. redis-py sends through
+    ``asyncio.wait_for`` when its connection has a socket timeout, which
+    before Python 3.12 wraps the send in a new task: two more turns of the
+    event loop per call, on every hand-over of a lock between tasks. The
+    backend's own limit (``fail_after``) bounds the call instead
+    (``test_paused_server_ends_each_call_within_its_limit``).
+    """
+    url = with_query(redis_url, namespace=namespace)
+    key = LockKey.of("no-task")
+
+    async def main() -> int:
+        backend = _redis.async_backend(url)
+        loop = asyncio.get_running_loop()
+        made: list[object] = []
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+        ) -> asyncio.Task[Any]:
+            made.append(coro)
+            return asyncio.Task(coro, loop=loop, **kwargs)
+
+        try:
+            owner = OwnerToken()
+            assert isinstance(await backend.acquire(key, owner, 5.0), Grant)
+            loop.set_task_factory(factory)
+            try:
+                assert await backend.release(key, owner) is (
+                    ReleaseResult.RELEASED
+                )
+                assert isinstance(
+                    await backend.acquire(key, owner, 5.0), Grant
+                )
+                assert await backend.renew([Renewal(key, owner, 5.0)]) == [
+                    True
+                ]
+                await backend.release(key, owner)
+            finally:
+                loop.set_task_factory(None)
+        finally:
+            await backend.aclose()
+        return len(made)
+
+    assert asyncio.run(main()) == 0
+
+
+def test_an_async_release_does_not_wake_the_next_head_once_the_lock_went_on(
+    redis_url: str, namespace: str
+) -> None:
+    """
+    The head woken by an asyncio release's early wake-up took the lock and
+    left the line before the release was answered: the answer wakes nobody
+    (the next one in line would only find the lock held: one wasted request
+    to the store per hand-over, and a turn of its task during the hold).
+    """
+    url = with_query(redis_url, namespace=namespace)
+    key = LockKey.of("went-on")
+
+    async def main() -> list[str]:
+        backend = _redis.async_backend(url)
+        hub = backend._hub  # type: ignore[attr-defined]
+        channel = backend._commands.channel(key)  # type: ignore[attr-defined]
+        here = threading.get_ident()
+        woken: list[str] = []
+        stops: dict[str, Callable[[], None]] = {}
+
+        def first() -> None:
+            if threading.get_ident() == here and "first" in stops:
+                woken.append("first")
+                # It got the lock (as its early acquire would) and leaves.
+                hub.granted(channel, asyncio.current_task())
+                stops.pop("first")()
+
+        def second() -> None:
+            if threading.get_ident() == here:
+                woken.append("second")
+
+        holder = OwnerToken()
+        try:
+            assert isinstance(await backend.acquire(key, holder, 5.0), Grant)
+            stops["first"] = backend.watch(key, first)
+            stops["second"] = backend.watch(key, second)
+            try:
+                assert await backend.release(key, holder) is (
+                    ReleaseResult.RELEASED
+                )
+            finally:
+                for stop in stops.values():
+                    stop()
+        finally:
+            await backend.aclose()
+        return woken
+
+    assert asyncio.run(main()) == ["first"]

@@ -503,6 +503,35 @@ def test_the_wake_up_thread_ends_when_nobody_watches(
     assert not thread.is_alive()
 
 
+def test_a_line_that_changes_but_stays_does_not_wake_the_listener(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """
+    Waiters joining or leaving the line of a lock that others still wait
+    for do not wake the hub's listening thread (nothing to subscribe or
+    unsubscribe): the first watcher of a lock and the last one to leave
+    do. Each wake-up made the thread run and take the GIL from the next
+    waiter's hand-over (two per hand-over, with the store's notice).
+    """
+    module = {"redis": _redis, "postgresql": _postgres}[store.kind]
+    backend = module.sync_backend(store.url)
+    hub = backend._hub
+    pokes: list[int] = []
+    monkeypatch.setattr(hub, "poke", lambda: pokes.append(1))
+    key = LockKey.of("quiet")
+    try:
+        stops = [backend.watch(key, lambda: None) for _ in range(5)]
+        assert len(pokes) == 1  # The first: to subscribe.
+        for stop in stops[:-1]:
+            stop()
+        assert len(pokes) == 1
+        stops[-1]()
+        assert len(pokes) == 2  # The last: to unsubscribe.
+    finally:
+        monkeypatch.undo()
+        backend.close()
+
+
 def test_a_waiting_lock_is_woken_by_the_release(store: Store) -> None:
     """
     A lock waiting for a held name (its backoff grown to a second) gets it

@@ -139,7 +139,11 @@ class WatchHub:
             self._after_fork()
         entry = _Entry(who, notify, time.monotonic())
         with self._lock:
-            self._watchers.setdefault(channel, []).append(entry)
+            line = self._watchers.get(channel)
+            new = line is None
+            if line is None:
+                line = self._watchers[channel] = []
+            line.append(entry)
             if self._thread is None and not self._closed.is_set():
                 thread = threading.Thread(
                     target=self._run, name=f"resilient-{self.name}-watch"
@@ -147,31 +151,42 @@ class WatchHub:
                 thread.daemon = True
                 self._thread = thread
                 thread.start()
-        self.poke()
+        if new:
+            self.poke()  # To subscribe (a line joined changes nothing).
 
         def stop() -> None:
-            after: _Entry | None = None
-            with self._lock:
-                line = self._watchers.get(channel)
-                if line is not None and entry in line:
-                    was_head = line[0] is entry
-                    line.remove(entry)
-                    if not line:
-                        del self._watchers[channel]
-                    elif was_head:
-                        # The next one heads the line from now (its wait
-                        # so far does not make it stale).
-                        line[0].asked = time.monotonic()
-                        if not entry.granted:
-                            # It left without the lock: the next one looks.
-                            after = line[0]
-                if not self._watchers:
-                    self._idle_since = time.monotonic()
-            if after is not None:
-                _call(after.notify)
-            self.poke()
+            self._unwatch(channel, entry)
 
         return stop
+
+    def _unwatch(self, channel: str, entry: _Entry) -> None:
+        """*entry* leaves *channel*'s line (its watch's stop)."""
+        after: _Entry | None = None
+        gone = False
+        with self._lock:
+            line = self._watchers.get(channel)
+            if line is not None and entry in line:
+                was_head = line[0] is entry
+                line.remove(entry)
+                if not line:
+                    del self._watchers[channel]
+                    gone = True
+                elif was_head:
+                    # The next one heads the line from now (its wait
+                    # so far does not make it stale).
+                    line[0].asked = time.monotonic()
+                    if not entry.granted:
+                        # It left without the lock: the next one looks.
+                        after = line[0]
+            if not self._watchers:
+                self._idle_since = time.monotonic()
+        if after is not None:
+            _call(after.notify)
+        if gone:
+            # To unsubscribe. Not for every waiter that leaves a line:
+            # each poke makes the thread run, and take the GIL from
+            # the next waiter's hand-over.
+            self.poke()
 
     def _after_fork(self) -> None:  # pragma: no cover - in a forked child
         # The parent's thread did not come along; its lock may be held.
@@ -195,7 +210,9 @@ class WatchHub:
         with self._lock:
             return set(self._watchers)
 
-    def tell(self, channel: str, *, here: bool = False) -> None:
+    def tell(
+        self, channel: str, *, here: bool = False, hinted: object = None
+    ) -> None:
         """
         Notify the head of *channel*'s line: the lock was released. A
         release made *here*, in this process, tells at once (the head need
@@ -203,6 +220,10 @@ class WatchHub:
         release, within `ECHO` seconds, is taken for its echo and not told
         again (a notice that overtook its release's reply is told, and a
         later one swallowed instead: a waiter then looks on its backoff).
+        A release that *hinted* a head (`hint`) tells only that head, if it
+        still heads the line: once it left, the lock went to it (or its
+        leaving woke the next one), and the next one would only find the
+        lock held, one wasted request per hand-over.
         """
         now = time.monotonic()
         with self._lock:
@@ -214,9 +235,25 @@ class WatchHub:
                     self._echoes[channel] = (count - 1, since)
                 return
             line = self._watchers.get(channel)
-            notify = line[0].notify if line else None
-        if notify is not None:
-            _call(notify)
+            head = line[0] if line else None
+            if hinted is not None and head is not hinted:
+                head = None
+        if head is not None:
+            _call(head.notify)
+
+    def hint(self, channel: str) -> object:
+        """
+        Notify the head of *channel*'s line: a release made here was sent,
+        not yet answered (a spurious wake-up at worst; not an echo: the
+        `tell` of its answer counts that). Returns the head woken (None if
+        nobody waits), for that `tell`.
+        """
+        with self._lock:
+            line = self._watchers.get(channel)
+            head = line[0] if line else None
+        if head is not None:
+            _call(head.notify)
+        return head
 
     def tell_all(self) -> None:
         """Notify the head of every line (a spurious wake-up: see the

@@ -60,7 +60,12 @@ def loop_caller(library: str) -> Callable[[Callable[[], object]], None]:
     loop = asyncio.get_running_loop()
 
     def call(fn: Callable[[], object]) -> None:
-        loop.call_soon_threadsafe(fn)
+        if asyncio._get_running_loop() is loop:  # noqa: SLF001
+            # From the loop itself (a release of another task): no need
+            # to write to the loop's wake-up pipe.
+            loop.call_soon(fn)
+        else:
+            loop.call_soon_threadsafe(fn)
 
     return call
 

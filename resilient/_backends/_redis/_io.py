@@ -56,18 +56,22 @@ __all__ = ["AsyncRedisBackend", "RedisBackend"]
 _POOL_OPTIONS: Final = ("socket_timeout", "socket_connect_timeout")
 
 
-def _new_connection(pool: Any, limit: float) -> Any:
+def _new_connection(
+    pool: Any, limit: float, *, io_limit: float | None = None
+) -> Any:
     """
     A connection of *pool*'s class and options (TLS, password, database,
     every URL option), not yet connected, whose connect and handshake take
-    no more than *limit* (its later reads get their own limit). Made here,
-    not checked out: the pool's checkout and release count it in a strong
-    set and against ``max_connections``, and an interrupt inside either
-    (or between a checkout and our ``try``) left it counted for good.
+    no more than *limit*, and each later write or read *io_limit* (None:
+    none of redis-py's; the sync calls give their reads their own). Made
+    here, not checked out: the pool's checkout and release count it in a
+    strong set and against ``max_connections``, and an interrupt inside
+    either (or between a checkout and our ``try``) left it counted for
+    good.
     """
     kwargs = dict(pool.connection_kwargs)
-    for option in _POOL_OPTIONS:
-        kwargs[option] = limit
+    kwargs["socket_connect_timeout"] = limit
+    kwargs["socket_timeout"] = io_limit
     return pool.connection_class(**kwargs)
 
 
@@ -141,7 +145,10 @@ class RedisBackend:
         if count.open >= count.limit:
             exc = _too_many(count.limit)
             raise backend_error(exc, command, self._options) from exc
-        kept = _Kept(_new_connection(self._pool, command.limit), count)
+        kept = _Kept(
+            _new_connection(self._pool, command.limit, io_limit=command.limit),
+            count,
+        )
         try:
             kept.conn.connect()
         except BaseException as exc:
@@ -312,17 +319,28 @@ class AsyncRedisBackend:
     def __repr__(self) -> str:
         return f"AsyncRedisBackend(namespace={self._commands.namespace!r})"
 
-    async def _run(self, command: Command, *, urgent: bool = False) -> Any:
+    async def _run(
+        self,
+        command: Command,
+        *,
+        urgent: bool = False,
+        sent: Callable[[], None] | None = None,
+    ) -> Any:
+        """One call (*sent* is called once its request is written)."""
         if command.limit <= 0:
             raise _timed_out(command, self._options.where)
         slot = Slot(self._slots)
         try:
-            return await self._run_held(command, slot, urgent=urgent)
+            return await self._run_held(command, slot, urgent, sent)
         finally:
             slot.give()
 
     async def _run_held(
-        self, command: Command, slot: Slot, *, urgent: bool
+        self,
+        command: Command,
+        slot: Slot,
+        urgent: bool,
+        sent: Callable[[], None] | None,
     ) -> Any:
         """One call on a connection once `AsyncSlots` has room for it (the
         wait counted in the call's limit); kept if it answered."""
@@ -344,7 +362,7 @@ class AsyncRedisBackend:
                     await self._pool.ensure_connection(conn)
                 else:
                     conn = await self._fresh(command)
-                reply = await self._call(conn, command)
+                reply = await self._call(conn, command, sent)
         except BaseException as exc:
             if conn is not None and conn not in idle:
                 # No call from the test to the count: it is exact even if
@@ -368,6 +386,9 @@ class AsyncRedisBackend:
         count = self._count
         if count.open >= count.limit:
             raise _too_many(count.limit)
+        # No socket timeout of redis-py's (the caller's ``fail_after`` is
+        # the limit): with one, each send goes through ``wait_for``, a
+        # task of its own before Python 3.12 (two more turns of the loop).
         conn = _new_connection(self._pool, command.limit)
         count.open += 1
         try:
@@ -391,8 +412,12 @@ class AsyncRedisBackend:
                 raise
 
     @staticmethod
-    async def _call(conn: Any, command: Command) -> Any:
+    async def _call(
+        conn: Any, command: Command, sent: Callable[[], None] | None
+    ) -> Any:
         await conn.send_command(*command.evalsha())
+        if sent is not None:
+            sent()
         try:
             return await conn.read_response()
         except rx.NoScriptError:
@@ -419,11 +444,21 @@ class AsyncRedisBackend:
         return Commands.read_renew(reply, len(batch))
 
     async def release(self, key: LockKey, owner: OwnerToken) -> ReleaseResult:
+        """
+        Compare-and-delete, waking the head of this process's line once the
+        request is written (`WatchHub.hint`: its acquire overlaps our round
+        trip; the store mostly reads ours first), and once it is answered
+        if still head (`WatchHub.tell`: its early try was answered busy).
+        """
+        channel, hub = self._commands.channel(key), self._hub
         command = self._commands.release(key, owner)
-        reply = await self._run(command, urgent=True)
+        hinted: list[object] = []
+        reply = await self._run(
+            command, urgent=True, sent=lambda: hinted.append(hub.hint(channel))
+        )
         result = Commands.read_release(reply)
         if result is ReleaseResult.RELEASED:
-            self._hub.tell(self._commands.channel(key), here=True)
+            hub.tell(channel, here=True, hinted=hinted[0] if hinted else None)
         return result
 
     def watch(
