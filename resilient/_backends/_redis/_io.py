@@ -61,13 +61,11 @@ def _new_connection(
 ) -> Any:
     """
     A connection of *pool*'s class and options (TLS, password, database,
-    every URL option), not yet connected, whose connect and handshake take
-    no more than *limit*, and each later write or read *io_limit* (None:
-    none of redis-py's; the sync calls give their reads their own). Made
-    here, not checked out: the pool's checkout and release count it in a
-    strong set and against ``max_connections``, and an interrupt inside
-    either (or between a checkout and our ``try``) left it counted for
-    good.
+    every URL option), not connected, whose connect takes at most *limit*
+    and each later write or read *io_limit* (None: no limit of redis-py's).
+    Made here, not checked out: the pool's checkout and release count it in
+    a strong set and against ``max_connections``, and an interrupt inside
+    either (or between a checkout and our ``try``) left it counted.
     """
     kwargs = dict(pool.connection_kwargs)
     kwargs["socket_connect_timeout"] = limit
