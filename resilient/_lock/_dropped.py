@@ -46,6 +46,13 @@ IDLE: Final = 1.0
 
 _jobs: queue.SimpleQueue[Callable[[], object]] = queue.SimpleQueue()
 _running = _thread.allocate_lock()
+_in_job = _thread.allocate_lock()
+"""Held while the worker runs a job: at exit, `flush` waits for it before
+the stores tidy their files (a release still under way raced the embedded
+store's tidying: files of live leases removed, released ones kept)."""
+
+#: Real seconds `flush` waits at exit for the job the worker is running.
+EXIT_WAIT: Final = 5.0
 
 
 def hand_over(job: Callable[[], object]) -> None:
@@ -85,7 +92,8 @@ def drain(idle: float) -> None:
             if _jobs.empty() or not _running.acquire(blocking=False):
                 return
             continue
-        run(job)
+        with _in_job:
+            run(job)
 
 
 def run(job: Callable[[], object]) -> None:
@@ -136,14 +144,24 @@ def release_job(
 
 
 @atexit.register
-def _at_exit() -> None:
-    """Run the jobs still queued (the worker is a daemon: it dies now)."""
-    while True:
-        try:
-            job = _jobs.get_nowait()
-        except queue.Empty:
-            return
-        run(job)
+def flush() -> None:
+    """
+    At exit: wait (up to `EXIT_WAIT`) for the job the worker runs, then run
+    the jobs still queued here (the worker is a daemon: it dies soon). Run
+    by `resilient._lock._hold`'s exit hook before the stores tidy, and on
+    its own where that module was never imported.
+    """
+    got = _in_job.acquire(timeout=EXIT_WAIT)
+    try:
+        while True:
+            try:
+                job = _jobs.get_nowait()
+            except queue.Empty:
+                return
+            run(job)
+    finally:
+        if got:
+            _in_job.release()
 
 
 def _after_fork_in_child() -> None:

@@ -24,6 +24,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Final, final
 
 from resilient._core import _internals
+from resilient._lock import _dropped
 from resilient._lock._async import aleave
 from resilient._lock._lease import (
     held_leases,
@@ -202,6 +203,7 @@ def _release_at_exit() -> None:
     still be running their blocks): a lease taken by hand and never
     released, or one whose ``with`` was interrupted and not recovered.
     """
+    _dropped.flush()  # Dropped leases' releases end before any tidying.
     for lease in held_leases():
         if lease._library is None and not may_still_run(lease._holder):  # noqa: SLF001
             with contextlib.suppress(Exception):
