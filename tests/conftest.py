@@ -270,10 +270,34 @@ _STORM_FILES = frozenset(
 )
 
 
+def _breaks_a_postgres(item: pytest.Item) -> bool:
+    """Whether *item* kills, freezes or restarts a throwaway PostgreSQL of
+    its own (`postgres_server`; the fault servers of test_postgres_backend
+    and of test_server_backends' ``postgresql`` cases)."""
+    names = getattr(item, "fixturenames", ())
+    if "postgres_server" in names:
+        return True
+    if "fault_server" not in names:
+        return False
+    callspec = getattr(item, "callspec", None)
+    kind = None if callspec is None else callspec.params.get("kind")
+    return kind in {None, "postgresql"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the asynchronous-exception storms: the tests session runs them
-    in a pytest of their own, outside coverage, whose tracer would receive
-    some of the exceptions in its own callbacks and lose them."""
+    """
+    Mark the asynchronous-exception storms: the tests session runs them in
+    a pytest of their own, outside coverage, whose tracer would receive
+    some of the exceptions in its own callbacks and lose them.
+
+    Mark ``slow`` the tests that break a throwaway PostgreSQL of their own:
+    they run in the tests session only. In CI the other suites run side by
+    side, and there throwaway PostgreSQL servers (initdb, a postmaster per
+    server) failed to start or restart in time (11 such failures in one
+    run of tests_lowest); the code under them is the same on every Python.
+    """
     for item in items:
         if item.path.name in _STORM_FILES:
             item.add_marker(pytest.mark.storm)
+        if _breaks_a_postgres(item):
+            item.add_marker(pytest.mark.slow)

@@ -302,7 +302,8 @@ def test_the_other_pythons_run_the_suite_without_coverage_or_slow_tests(
     `tests_matrix` runs pytest directly (no coverage) on the suite minus
     the notebooks, the storms (in a pytest of their own) and the tests
     marked ``slow``; `tests` runs everything under coverage, the slow
-    tests included; `tests_lowest` runs them all without coverage.
+    tests included; `tests_lowest` runs them without coverage and, as the
+    matrix, without the slow ones.
     """
     session = FakeSession()
     noxfile.tests_matrix(session)
@@ -316,7 +317,9 @@ def test_the_other_pythons_run_the_suite_without_coverage_or_slow_tests(
     assert main[-2:] == ("-m", "not notebook and not storm")
     session = FakeSession()
     noxfile.tests_lowest(session)
-    assert session.runs == [("pytest", "-m", "not notebook and not storm")]
+    assert session.runs == [
+        ("pytest", "-m", "not notebook and not storm and not slow")
+    ]
 
 
 def test_slow_is_a_declared_marker_that_marks_tests() -> None:
